@@ -1,0 +1,313 @@
+"""Typed configuration: dataclasses, YAML loading, validation and dotted overrides.
+
+Every number a user might change lives here. Defaults reproduce the paper's base
+model. Any problem with a config raises ``ConfigError`` with a one-line message
+that names the key and the fix; the CLI turns it into exit code 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used, with a message that says why and how to fix it."""
+
+
+@dataclass
+class ModelConfig:
+    """Architecture; names follow the paper (N, d_model, d_ff, h)."""
+
+    N: int = 6
+    d_model: int = 512
+    d_ff: int = 2048
+    h: int = 8
+    dropout: float = 0.1
+    norm_first: bool = False
+    tie_embeddings: bool = True
+    max_positions: int = 1024
+
+
+@dataclass
+class DataConfig:
+    """Where the corpus comes from and which languages and splits to use."""
+
+    format: str = "multi30k"
+    path: str = "data/multi30k"
+    src_lang: str = "de"
+    tgt_lang: str = "en"
+    train_split: str = "train"
+    valid_split: str = "val"
+    test_split: str = "test_2016_flickr"
+    hf_config: str | None = None
+    hf_field: str | None = None
+    holdout: list[int] | None = None
+    split_seed: int = 1
+    max_len: int = 100
+    lowercase: bool = False
+
+
+@dataclass
+class TokenizerConfig:
+    """Byte-fallback BPE from Hugging Face ``tokenizers``."""
+
+    vocab_size: int = 8000
+    joint: bool = True
+    train_sample: int = 1_000_000
+    min_frequency: int = 2
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation, schedule, validation and checkpointing."""
+
+    batch_tokens: int = 4096
+    accumulate: int = 1
+    pad_multiple: int = 1
+    label_smoothing: float = 0.1
+    lr_factor: float = 1.0
+    peak_lr: float | None = None
+    warmup: int = 4000
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    eps: float = 1e-9
+    weight_decay: float = 0.0
+    clip_norm: float = 1.0
+    max_steps: int = 100_000
+    max_epochs: int = 1000
+    max_minutes: float | None = None
+    eval_every: int = 1000
+    eval_sentences: int = 500
+    save_every: int = 1000
+    keep_last: int = 5
+    patience: int = 10
+    max_bad_steps: int = 20
+    log_every: int = 50
+
+
+@dataclass
+class DecodeConfig:
+    """Search settings used by translate, eval and validation BLEU."""
+
+    beam: int = 4
+    alpha: float = 0.6
+    max_len_a: float = 1.0
+    max_len_b: int = 50
+    batch_tokens: int = 4096
+    too_long: str = "truncate"
+    bleu_tokenize: str | None = None
+
+
+@dataclass
+class Config:
+    """A whole run: its name, where it goes, and every section above."""
+
+    name: str = "run"
+    run_dir: str = "runs"
+    seed: int = 1
+    device: str = "auto"
+    precision: str = "fp32"
+    compile: bool = False
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    @property
+    def out_dir(self) -> Path:
+        """The run directory, ``run_dir/name``."""
+        return Path(self.run_dir) / self.name
+
+
+_CHOICES = {
+    "device": ("auto", "cpu", "cuda", "mps"),
+    "precision": ("fp32", "bf16", "fp16"),
+    "data.format": ("multi30k", "text", "tsv", "jsonl", "hf"),
+    "decode.too_long": ("truncate", "error"),
+}
+
+_RANGES: list[tuple[str, Any, str]] = [
+    ("model.N", lambda v: v >= 1, "at least 1"),
+    ("model.d_model", lambda v: v >= 1, "at least 1"),
+    ("model.d_ff", lambda v: v >= 1, "at least 1"),
+    ("model.h", lambda v: v >= 1, "at least 1"),
+    ("model.dropout", lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
+    ("model.max_positions", lambda v: v >= 8, "at least 8"),
+    ("data.max_len", lambda v: v >= 1, "at least 1"),
+    ("tokenizer.vocab_size", lambda v: v >= 300, "at least 300 (256 bytes + specials)"),
+    ("tokenizer.train_sample", lambda v: v >= 1, "at least 1"),
+    ("train.batch_tokens", lambda v: v >= 1, "at least 1"),
+    ("train.accumulate", lambda v: v >= 1, "at least 1"),
+    ("train.pad_multiple", lambda v: v >= 1, "at least 1"),
+    ("train.label_smoothing", lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
+    ("train.lr_factor", lambda v: v > 0, "positive"),
+    ("train.warmup", lambda v: v >= 1, "at least 1"),
+    ("train.eps", lambda v: v > 0, "positive"),
+    ("train.clip_norm", lambda v: v >= 0, "0 (off) or positive"),
+    ("train.max_steps", lambda v: v >= 1, "at least 1"),
+    ("train.max_epochs", lambda v: v >= 1, "at least 1"),
+    ("train.eval_every", lambda v: v >= 1, "at least 1"),
+    ("train.save_every", lambda v: v >= 1, "at least 1"),
+    ("train.keep_last", lambda v: v >= 1, "at least 1"),
+    ("train.patience", lambda v: v >= 1, "at least 1"),
+    ("train.max_bad_steps", lambda v: v >= 1, "at least 1"),
+    ("train.log_every", lambda v: v >= 1, "at least 1"),
+    ("decode.beam", lambda v: v >= 1, "at least 1"),
+    ("decode.alpha", lambda v: v >= 0, "0 or more"),
+    ("decode.max_len_a", lambda v: v >= 0, "0 or more"),
+    ("decode.max_len_b", lambda v: v >= 0, "0 or more"),
+    ("decode.batch_tokens", lambda v: v >= 1, "at least 1"),
+]
+
+
+def _get(cfg: Config, dotted: str) -> Any:
+    obj: Any = cfg
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _check_type(key: str, value: Any, hint: Any) -> Any:
+    """Return ``value`` coerced to ``hint`` where that is lossless, else raise ConfigError."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _check_type(key, value, inner[0])
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {value!r}; write it as [a, b, ...]")
+        return [_check_type(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value)]
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+    elif hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif hint is str:
+        if isinstance(value, str):
+            return value
+    name = getattr(hint, "__name__", str(hint))
+    raise ConfigError(f"{key}: expected {name}, got {value!r} ({type(value).__name__}); fix its value")
+
+
+def _apply(obj: Any, values: dict[str, Any], prefix: str) -> None:
+    """Set the fields of dataclass ``obj`` from ``values``, recursing into sections."""
+    hints = typing.get_type_hints(type(obj))
+    names = [f.name for f in dataclasses.fields(obj)]
+    for key, value in values.items():
+        dotted = f"{prefix}{key}"
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; known keys: {', '.join(names)}"
+            raise ConfigError(f"unknown config key '{dotted}'{hint}")
+        current = getattr(obj, key)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{dotted}: expected a section (key: value lines), got {value!r}")
+            _apply(current, value, f"{dotted}.")
+        else:
+            setattr(obj, key, _check_type(dotted, value, hints[key]))
+
+
+def validate(cfg: Config) -> Config:
+    """Check choices, ranges and combinations that no single type can express."""
+    for key, choices in _CHOICES.items():
+        value = _get(cfg, key)
+        if value not in choices:
+            raise ConfigError(f"{key}: '{value}' is not one of {', '.join(choices)}")
+    for key, ok, want in _RANGES:
+        value = _get(cfg, key)
+        if not ok(value):
+            raise ConfigError(f"{key}: {value!r} is out of range; it must be {want}")
+    m = cfg.model
+    if m.d_model % m.h:
+        raise ConfigError(f"model.d_model ({m.d_model}) must be divisible by model.h ({m.h}); change one of them")
+    if (m.d_model // m.h) % 2:
+        raise ConfigError(f"model.d_model / model.h must be even for the attention heads; got {m.d_model // m.h}")
+    if m.d_model % 2:
+        raise ConfigError(f"model.d_model ({m.d_model}) must be even for sinusoidal positions")
+    if cfg.data.src_lang == cfg.data.tgt_lang:
+        raise ConfigError(f"data.src_lang and data.tgt_lang are both '{cfg.data.src_lang}'; pick two languages")
+    if m.tie_embeddings and not cfg.tokenizer.joint:
+        raise ConfigError("model.tie_embeddings needs tokenizer.joint: true; set one of them to the other's value")
+    if cfg.data.holdout is not None and (len(cfg.data.holdout) != 2 or min(cfg.data.holdout) < 1):
+        raise ConfigError("data.holdout must be [valid_size, test_size], both at least 1")
+    if len(cfg.train.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.train.betas):
+        raise ConfigError(f"train.betas must be two numbers in [0, 1), got {cfg.train.betas}")
+    return cfg
+
+
+def _parse_scalar(text: str) -> Any:
+    """Read an override value the way YAML would (``3``, ``0.1``, ``true``, ``[1, 2]``, ``null``)."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def overrides_to_dict(overrides: list[str]) -> dict[str, Any]:
+    """Turn ``["train.warmup=200", "name=x"]`` into a nested dict."""
+    nested: dict[str, Any] = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' is not key=value; write e.g. --set train.warmup=200")
+        key, text = item.split("=", 1)
+        node = nested
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = _parse_scalar(text)
+    return nested
+
+
+def from_dict(values: dict[str, Any], overrides: list[str] | None = None) -> Config:
+    """Build and validate a Config from plain values plus ``key=value`` overrides."""
+    cfg = Config()
+    _apply(cfg, values, "")
+    if overrides:
+        _apply(cfg, overrides_to_dict(overrides), "")
+    return validate(cfg)
+
+
+def load(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """Load a YAML config file; errors name the file, and for syntax errors the line and column."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file '{p}' not found; pass an existing YAML file, e.g. configs/quickstart.yaml")
+    try:
+        values = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+        raise ConfigError(f"{p}: YAML syntax error at {where}: {e.problem}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{p}: cannot read YAML ({e}); fix the file") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"{p}: top level must be key: value lines, got {type(values).__name__}")
+    try:
+        return from_dict(values, overrides)
+    except ConfigError as e:
+        raise ConfigError(f"{p}: {e}") from None
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    """Plain nested values, as written into a run directory's config.yaml."""
+    return dataclasses.asdict(cfg)
+
+
+def dump(cfg: Config) -> str:
+    """The resolved config as YAML text."""
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False, allow_unicode=True)
