@@ -16,8 +16,10 @@ from typing import Any
 
 import yaml
 
+from transformer.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A config that cannot be used, with a message that says why and how to fix it."""
 
 
@@ -196,6 +198,11 @@ def _check_type(key: str, value: Any, hint: Any) -> Any:
     elif hint is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
     elif hint is str:
         if isinstance(value, str):
             return value

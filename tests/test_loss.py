@@ -1,0 +1,28 @@
+"""Label-smoothed loss: matches torch's cross-entropy, ignores padding."""
+
+import torch
+import torch.nn.functional as F
+
+from transformer.loss import label_smoothed_nll
+
+
+def test_matches_torch_cross_entropy_and_ignores_pad():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 11)
+    target = torch.randint(1, 11, (3, 5))
+    target[0, 3:] = 0
+    target[2, 1:] = 0
+    loss, nll = label_smoothed_nll(logits, target, 0.1, pad_id=0)
+    want = F.cross_entropy(logits.view(-1, 11), target.view(-1), ignore_index=0, label_smoothing=0.1, reduction="sum")
+    want_nll = F.cross_entropy(logits.view(-1, 11), target.view(-1), ignore_index=0, reduction="sum")
+    torch.testing.assert_close(loss, want)
+    torch.testing.assert_close(nll, want_nll)
+
+
+def test_padding_logits_do_not_matter():
+    torch.manual_seed(1)
+    logits = torch.randn(2, 4, 7)
+    target = torch.tensor([[3, 4, 0, 0], [5, 6, 2, 0]])
+    changed = logits.clone()
+    changed[0, 2:] = 1e4
+    assert torch.equal(label_smoothed_nll(logits, target, 0.1, 0)[0], label_smoothed_nll(changed, target, 0.1, 0)[0])

@@ -1,0 +1,40 @@
+"""Device and precision from the config: one place that turns names into torch objects."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import ContextManager
+
+import torch
+
+from transformer.config import ConfigError
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` picks cuda, then mps, then cpu; an explicit device that is absent is a config error."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device: cuda but this machine has no CUDA GPU (or torch is a CPU build); use device: auto or cpu")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("device: mps but MPS is not available here; use device: auto or cpu")
+    return torch.device(name)
+
+
+def check_precision(precision: str, device: torch.device) -> None:
+    """fp16 needs a GPU (CPU fp16 matmuls are slow and GradScaler is CUDA-only here); bf16 and fp32 run anywhere."""
+    if precision == "fp16" and device.type != "cuda":
+        raise ConfigError(f"precision: fp16 needs a CUDA GPU but the device is {device.type}; use precision: bf16 or fp32")
+
+
+def autocast(precision: str, device: torch.device) -> ContextManager:
+    """Mixed precision for the forward pass; fp32 is a no-op context."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=_DTYPES[precision])
