@@ -1,0 +1,61 @@
+"""Shared fixtures: the shipped sample corpus, Multi30k (from TFM_MULTI30K) and a tokenizer trained on it.
+
+TFM_MULTI30K defaults to ``<repo>/../shared/data/multi30k``; a relative value is taken from the
+repository root, and is made absolute so the library finds it from any working directory.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from transformer.config import DataConfig, TokenizerConfig
+from transformer.corpus import Corpus, load_split
+from transformer.tokenizer import Tokenizer, train_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+os.environ["TFM_MULTI30K"] = str((REPO / os.environ.get("TFM_MULTI30K", "../shared/data/multi30k")).resolve())
+
+
+@pytest.fixture(scope="session")
+def multi30k_dir() -> Path:
+    """The Multi30k folder; tests that need it are skipped where it is absent."""
+    path = Path(os.environ["TFM_MULTI30K"])
+    if not (path / "train.de.gz").is_file():
+        pytest.skip(f"Multi30k not found in {path}; set TFM_MULTI30K")
+    return path
+
+
+@pytest.fixture(scope="session")
+def multi30k_cfg(multi30k_dir: Path) -> DataConfig:
+    return DataConfig(format="multi30k", path=str(multi30k_dir))
+
+
+@pytest.fixture(scope="session")
+def multi30k_train(multi30k_cfg: DataConfig) -> Corpus:
+    return load_split(multi30k_cfg, multi30k_cfg.train_split)
+
+
+@pytest.fixture(scope="session")
+def multi30k_val(multi30k_cfg: DataConfig) -> Corpus:
+    return load_split(multi30k_cfg, multi30k_cfg.valid_split)
+
+
+@pytest.fixture(scope="session")
+def multi30k_tokenizer(multi30k_train: Corpus) -> Tokenizer:
+    """The default 8,000-token joint BPE trained on Multi30k train (about 2 s)."""
+    return train_tokenizer(TokenizerConfig(), multi30k_train)
+
+
+@pytest.fixture(scope="session")
+def sample_cfg() -> DataConfig:
+    """The German-English sample corpus shipped in data/sample/."""
+    return DataConfig(format="text", path=str(REPO / "data" / "sample"), valid_split="valid", test_split="valid")
+
+
+@pytest.fixture(scope="session")
+def sample_tokenizer(sample_cfg: DataConfig) -> Tokenizer:
+    """A small BPE (1,000 tokens) trained on the sample corpus; well under a second."""
+    return train_tokenizer(TokenizerConfig(vocab_size=1000), load_split(sample_cfg, "train"))

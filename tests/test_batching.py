@@ -1,0 +1,160 @@
+"""Encoding cache, token-sized batches (budget, padding, determinism) and the teacher-forcing layout."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from transformer.batching import Batch, EncodedCorpus, collate, encode_corpus, make_batches, padded_sizes, padding_fraction
+from transformer.corpus import Corpus
+from transformer.tokenizer import Tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def m30k_encoded(multi30k_train: Corpus, multi30k_tokenizer: Tokenizer, tmp_path_factory: pytest.TempPathFactory) -> EncodedCorpus:
+    cache = tmp_path_factory.mktemp("ids")
+    start = time.perf_counter()
+    enc = encode_corpus(multi30k_train, multi30k_tokenizer, 100, cache)
+    print(f"\nencoded {len(multi30k_train):,} Multi30k pairs in {time.perf_counter() - start:.2f} s")
+    return enc
+
+
+def small_corpus(pairs: list[tuple[str, str]]) -> Corpus:
+    return Corpus([p[0] for p in pairs], [p[1] for p in pairs], "small")
+
+
+def test_encoding_is_cached_per_tokenizer(
+    m30k_encoded: EncodedCorpus, multi30k_train: Corpus, multi30k_tokenizer: Tokenizer, sample_tokenizer: Tokenizer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert len(m30k_encoded) == len(multi30k_train) and m30k_encoded.dropped_long == 0
+    assert m30k_encoded.path is not None
+    with monkeypatch.context() as m:
+        m.setattr(Tokenizer, "encode_batch", lambda *a: pytest.fail("re-encoded despite the cache"))
+        again = encode_corpus(multi30k_train, multi30k_tokenizer, 100, m30k_encoded.path.parent)
+    assert again.path == m30k_encoded.path and np.array_equal(again.tgt_lengths, m30k_encoded.tgt_lengths)
+    small = Corpus(multi30k_train.src[:50], multi30k_train.tgt[:50], "head", fingerprint="")
+    other = encode_corpus(small, sample_tokenizer, 100, m30k_encoded.path.parent)
+    assert other.path != m30k_encoded.path
+    src, tgt = other.pair(7)
+    assert sample_tokenizer.decode(src) == multi30k_train.src[7] and sample_tokenizer.decode(tgt) == multi30k_train.tgt[7]
+
+
+def test_padding_below_ten_percent_at_4096_tokens(m30k_encoded: EncodedCorpus) -> None:
+    batches = make_batches(m30k_encoded, 4096, seed=1, epoch=0)
+    fraction = padding_fraction(m30k_encoded, batches)
+    print(f"\nMulti30k train, 4,096-token batches: {len(batches)} batches, padding {fraction:.1%}")
+    assert fraction < 0.10
+
+
+@pytest.mark.parametrize("pad_multiple", [1, 8])
+def test_every_batch_fits_the_budget_and_covers_each_pair_once(m30k_encoded: EncodedCorpus, pad_multiple: int) -> None:
+    batches = make_batches(m30k_encoded, 2000, seed=3, epoch=2, pad_multiple=pad_multiple)
+    src, tgt = padded_sizes(m30k_encoded, pad_multiple)
+    for b in batches:
+        assert len(b) * src[b].max() <= 2000 and len(b) * tgt[b].max() <= 2000
+    assert sorted(i for b in batches for i in b) == list(range(len(m30k_encoded)))
+    assert batches.dropped_too_long == 0
+
+
+def test_same_seed_and_epoch_give_the_same_batches(m30k_encoded: EncodedCorpus) -> None:
+    a = make_batches(m30k_encoded, 4096, seed=5, epoch=3)
+    assert a == make_batches(m30k_encoded, 4096, seed=5, epoch=3)
+    assert a != make_batches(m30k_encoded, 4096, seed=5, epoch=4)
+    assert a != make_batches(m30k_encoded, 4096, seed=6, epoch=3)
+    fixed = make_batches(m30k_encoded, 4096, seed=5, epoch=3, shuffle=False)
+    assert fixed == make_batches(m30k_encoded, 4096, seed=9, epoch=0, shuffle=False)
+
+
+def test_pairs_over_max_len_or_the_budget_are_dropped_and_counted(sample_tokenizer: Tokenizer, tmp_path: Path) -> None:
+    long = " ".join(["Fahrrad"] * 5000)
+    corpus = small_corpus([("Ein Mann.", "A man."), (long, "x"), ("Der Hund.", "The dog."), ("ja", long)])
+    assert encode_corpus(corpus, sample_tokenizer, 100, tmp_path).dropped_long == 2
+    enc = encode_corpus(corpus, sample_tokenizer, 10_000, tmp_path)
+    assert len(enc) == 4 and enc.dropped_long == 0
+    batches = make_batches(enc, 64, seed=1, epoch=0)
+    assert sorted(i for b in batches for i in b) == [0, 2] and batches.dropped_too_long == 2
+
+
+def test_collate_builds_teacher_forcing_inputs(sample_tokenizer: Tokenizer, tmp_path: Path) -> None:
+    t = sample_tokenizer
+    corpus = small_corpus([("Ein Mann fährt Fahrrad.", "A man rides a bike."), ("Ja, bitte.", "Yes, please.")])
+    enc = encode_corpus(corpus, t, 100, tmp_path)
+    b = collate(enc, [0, 1], t)
+    x0, y0, y1 = t.encode(corpus.src[0]), t.encode(corpus.tgt[0]), t.encode(corpus.tgt[1])
+    assert b.src[0].tolist() == x0 + [t.end_id]
+    assert b.tgt_in[0].tolist() == [t.start_id] + y0 and b.tgt_out[0].tolist() == y0 + [t.end_id]
+    assert b.tgt_in[1].tolist() == [t.start_id] + y1 + [t.pad_id] * (len(y0) - len(y1))
+    assert b.tgt_out[1].tolist() == y1 + [t.end_id] + [t.pad_id] * (len(y0) - len(y1))
+    assert b.src.dtype == b.tgt_in.dtype == torch.long
+    assert b.n_tokens == int((b.tgt_out != t.pad_id).sum()) == len(y0) + len(y1) + 2
+    padded = collate(enc, [1], t, pad_multiple=8)
+    assert padded.src.shape[1] % 8 == 0 and padded.tgt_in.shape == padded.tgt_out.shape and padded.tgt_in.shape[1] % 8 == 0
+    moved = b.to("cpu")
+    assert torch.equal(moved.tgt_out, b.tgt_out) and moved.n_tokens == b.n_tokens
+    assert Batch(b.src, b.tgt_in, b.tgt_out).n_tokens == b.n_tokens
+
+
+def test_rows_map_encoded_pairs_back_to_the_corpus(sample_tokenizer: Tokenizer, tmp_path: Path) -> None:
+    corpus = small_corpus([("a", "b"), (" ".join(["Haus"] * 50), "c"), ("Der Hund.", "The dog.")])
+    enc = encode_corpus(corpus, sample_tokenizer, 20, tmp_path)
+    assert enc.rows.tolist() == [0, 2]
+    assert sample_tokenizer.decode(enc.pair(1)[0]) == corpus.src[2]
+
+
+@pytest.mark.slow
+def test_two_million_pairs_stay_far_below_their_python_size(tmp_path: Path) -> None:
+    """Prepare a generated 2M-pair corpus end to end in a fresh process and report its peak RSS."""
+    script = textwrap.dedent(
+        f"""
+        import random, resource, sys, time
+        from pathlib import Path
+        import datasets
+        from transformer.config import DataConfig, TokenizerConfig
+        from transformer.corpus import load_split
+        from transformer.tokenizer import train_tokenizer
+        from transformer.batching import collate, encode_corpus, make_batches
+        tmp = Path({str(tmp_path)!r})
+        datasets.config.HF_DATASETS_CACHE = str(tmp / "hf")
+        rng = random.Random(0)
+        words = [f"w{{i}}" for i in range(3000)]
+        with open(tmp / "train.de", "w") as de, open(tmp / "train.en", "w") as en:
+            for _ in range(2_000_000):
+                de.write(" ".join(rng.choices(words, k=rng.randint(3, 14))) + "\\n")
+                en.write(" ".join(rng.choices(words, k=rng.randint(3, 14))) + "\\n")
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        start = time.time()
+        corpus = load_split(DataConfig(format="text", path=str(tmp)), "train")
+        tok = train_tokenizer(TokenizerConfig(vocab_size=4000, train_sample=100_000), corpus)
+        enc = encode_corpus(corpus, tok, 100, tmp / "ids")
+        batches = make_batches(enc, 4096, seed=1, epoch=0)
+        for b in batches[:20]:
+            collate(enc, b, tok)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+        anon, mapped = (int(status[k].split()[0]) for k in ("RssAnon", "RssFile"))
+        sample = [corpus.src[i] for i in range(0, len(corpus), 1000)] + [corpus.tgt[i] for i in range(0, len(corpus), 1000)]
+        ids = [tok.encode(s) for s in sample]
+        per_pair = 2 * (sum(map(sys.getsizeof, sample)) + sum(sys.getsizeof(x) + 28 * len(x) for x in ids)) / len(sample)
+        print(len(corpus), len(enc), len(batches), base, peak, anon, mapped, int(per_pair * len(corpus)) // 1024, round(time.time() - start))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, check=True)
+    n, kept, n_batches, *kib, seconds = map(int, out.stdout.split())
+    base, peak, anon, mapped, python = (k / 1024 for k in kib)
+    print(
+        f"\n{n:,} pairs -> {n_batches:,} batches in {seconds} s; peak RSS {peak:,.0f} MiB, {base:,.0f} MiB of it imports; "
+        f"at the end {anon:,.0f} MiB anonymous + {mapped:,.0f} MiB file-backed (memory-mapped Arrow, libraries); "
+        f"the same corpus as Python strings and id lists: {python:,.0f} MiB"
+    )
+    assert n == kept == 2_000_000
+    assert peak - base < python / 3

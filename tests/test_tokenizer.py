@@ -1,0 +1,107 @@
+"""Tokenizer: special tokens, exact round trip up to the stated normalisation, no lost characters, save/load."""
+
+from __future__ import annotations
+
+import os
+import unicodedata
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from transformer.config import ConfigError, DataConfig, TokenizerConfig
+from transformer.corpus import Corpus, DataError, load_split
+from transformer.tokenizer import Tokenizer, train_tokenizer
+
+
+def stated_normalisation(s: str) -> str:
+    """What the docs promise decode(encode(s)) gives: NFC, whitespace runs -> one space, stripped."""
+    return " ".join(unicodedata.normalize("NFC", s).split())
+
+
+def test_special_tokens(multi30k_tokenizer: Tokenizer) -> None:
+    t = multi30k_tokenizer
+    assert (t.pad_id, t.start_id, t.end_id, t.unk_id) == (0, 1, 2, 3) == (t.PAD_ID, t.START_ID, t.END_ID, t.UNK_ID)
+    assert [t.id_to_token(i) for i in range(4)] == ["<PAD>", "<START>", "<END>", "<UNK>"]
+    assert t.vocab_size == TokenizerConfig().vocab_size
+    ids = t.encode("Ein Hund.")
+    assert t.decode([t.start_id, *ids, t.end_id, t.pad_id, t.pad_id]) == "Ein Hund."
+    assert t.encode("a <END> b") != t.encode("a b") and t.end_id not in t.encode("a <END> b")
+    assert t.decode(t.encode("a <END> b")) == "a <END> b"
+
+
+def test_round_trip_every_multi30k_val_sentence(multi30k_tokenizer: Tokenizer, multi30k_val: Corpus) -> None:
+    t = multi30k_tokenizer
+    texts = [*multi30k_val.src, *multi30k_val.tgt]
+    decoded = t.decode_batch(t.encode_batch(texts))
+    bad = [(s, d) for s, d in zip(texts, decoded) if d != stated_normalisation(s) or d != t.normalize(s)]
+    assert not bad, bad[:3]
+    assert t.unk_rate(texts) < 0.001
+
+
+def test_unseen_characters_become_bytes_never_unk(sample_cfg: DataConfig) -> None:
+    german = load_split(sample_cfg, "train").src
+    t = Tokenizer.train(german, vocab_size=600)
+    s = "ok 😀 \u0007 漢字 Привет ✓ \x00"
+    ids = t.encode(s)
+    assert t.unk_id not in ids and t.decode(ids) == t.normalize(s) == s
+    assert t.unk_rate([s]) > 0.5 and t.unk_rate(german) == 0.0
+
+
+def test_chinese_decodes_without_spaces(sample_tokenizer: Tokenizer) -> None:
+    for s in ["我有一只猫。", "他在公园里跑步，天气很好！", "Tom 喜欢 pizza。"]:
+        assert sample_tokenizer.decode(sample_tokenizer.encode(s)) == s
+
+
+def test_tatoeba_tokenizer_round_trip() -> None:
+    path = Path(os.environ["TFM_MULTI30K"]).parent / "tatoeba-cmn-eng" / "cmn-eng.tsv.gz"
+    if not path.is_file():
+        pytest.skip(f"{path} not found")
+    cfg = DataConfig(format="tsv", path=str(path), src_lang="en", tgt_lang="zh", holdout=[200, 200])
+    t = train_tokenizer(TokenizerConfig(vocab_size=4000), load_split(cfg, cfg.train_split))
+    valid = load_split(cfg, cfg.valid_split)
+    texts = [*valid.src, *valid.tgt]
+    assert t.decode_batch(t.encode_batch(texts)) == [t.normalize(s) for s in texts]
+    assert t.unk_id not in {i for ids in t.encode_batch(texts) for i in ids}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.text(alphabet=st.characters(exclude_categories=("Cs",)), max_size=40))
+def test_round_trip_any_text(sample_tokenizer: Tokenizer, s: str) -> None:
+    assert sample_tokenizer.decode(sample_tokenizer.encode(s)) == sample_tokenizer.normalize(s)
+
+
+def test_normalisation_is_the_stated_one(sample_tokenizer: Tokenizer) -> None:
+    t = sample_tokenizer
+    assert t.normalize("  Ein\t Mann\u00a0 fährt\n") == "Ein Mann fährt"
+    assert t.normalize("A\u0301") == "\u00c1" and t.normalize("a\u2581b") == "a b"
+
+
+def test_save_load_is_atomic_and_keeps_the_fingerprint(sample_tokenizer: Tokenizer, tmp_path: Path) -> None:
+    path = tmp_path / "run" / "tokenizer.json"
+    sample_tokenizer.save(path)
+    assert [p.name for p in path.parent.iterdir()] == ["tokenizer.json"]
+    loaded = Tokenizer.load(path)
+    assert loaded.fingerprint() == sample_tokenizer.fingerprint() and len(loaded.fingerprint()) == 64
+    s = "Ein Mann fährt Fahrrad. 😀"
+    assert loaded.encode(s) == sample_tokenizer.encode(s) and loaded.end_id not in loaded.encode("<END>")
+
+
+def test_load_missing_or_corrupt(tmp_path: Path, sample_tokenizer: Tokenizer) -> None:
+    with pytest.raises(DataError, match="not found"):
+        Tokenizer.load(tmp_path / "nope.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text(sample_tokenizer.to_str()[:100])
+    with pytest.raises(DataError, match="corrupt"):
+        Tokenizer.load(bad)
+
+
+def test_training_is_deterministic_and_sampled(sample_cfg: DataConfig) -> None:
+    train = load_split(sample_cfg, "train")
+    cfg = TokenizerConfig(vocab_size=700, train_sample=200)
+    a, b = train_tokenizer(cfg, train), train_tokenizer(cfg, train)
+    assert a.fingerprint() == b.fingerprint()
+    assert a.fingerprint() != train_tokenizer(TokenizerConfig(vocab_size=700), train).fingerprint()
+    with pytest.raises(ConfigError, match="joint"):
+        train_tokenizer(TokenizerConfig(joint=False), train)
