@@ -246,6 +246,9 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"model.d_model / model.h must be even for the attention heads; got {m.d_model // m.h}")
     if m.d_model % 2:
         raise ConfigError(f"model.d_model ({m.d_model}) must be even for sinusoidal positions")
+    if cfg.data.max_len + 1 > m.max_positions:
+        raise ConfigError(f"data.max_len ({cfg.data.max_len}) + 1 exceeds model.max_positions ({m.max_positions}); "
+                          "lower data.max_len or raise model.max_positions")
     if cfg.data.src_lang == cfg.data.tgt_lang:
         raise ConfigError(f"data.src_lang and data.tgt_lang are both '{cfg.data.src_lang}'; pick two languages")
     if m.tie_embeddings and not cfg.tokenizer.joint:

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .config import DataConfig
+from .errors import UserError
 
 MULTI30K_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw"
 ARROW_ABOVE_BYTES = 64 * 2**20
@@ -33,7 +34,7 @@ _ARROW_ROWS = 50_000
 _GZ_RATIO = 4
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """A corpus or tokenizer file that cannot be used; the message names the problem and the fix."""
 
 
