@@ -1,0 +1,74 @@
+"""The training loop: it trains, keeps the best and the last checkpoints, and resumes exactly."""
+
+import json
+
+import pytest
+import torch
+
+from tiny import tiny_config
+from transformer import checkpoint
+from transformer.train import Trainer, TrainError
+
+
+def _losses(run_dir):
+    lines = (run_dir / "log.jsonl").read_text().splitlines()
+    return [e["loss"] for e in map(json.loads, lines) if e["kind"] == "train"]
+
+
+def test_trains_and_writes_run_directory(tmp_path):
+    cfg = tiny_config(tmp_path)
+    result = Trainer(cfg, quiet=True, log=lambda m: None).run()
+    run = cfg.out_dir
+    assert result.reason == "max_steps" and result.state.step == 6
+    assert (run / "config.yaml").is_file() and (run / "tokenizer.json").is_file()
+    assert [p.name for p in checkpoint.step_dirs(run)] == ["step_3", "step_6"]
+    assert (run / "best" / "model.safetensors").is_file()
+    losses = _losses(run)
+    assert len(losses) == 6 and all(l == l for l in losses)
+    kinds = [json.loads(l)["kind"] for l in (run / "log.jsonl").read_text().splitlines()]
+    assert kinds.count("valid") == 2
+
+
+def test_loss_goes_down(tmp_path):
+    cfg = tiny_config(tmp_path, train={"max_steps": 40, "eval_every": 40, "save_every": 40, "peak_lr": 3e-3},
+                      model={"dropout": 0.0})
+    Trainer(cfg, quiet=True, log=lambda m: None).run()
+    losses = _losses(cfg.out_dir)
+    assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5
+
+
+def test_exact_resume(tmp_path):
+    """2N steps in one go == N steps, stop, resume for N: same losses, same weights (CPU, fp32)."""
+    whole = tiny_config(tmp_path / "a", train={"max_steps": 6, "save_every": 3})
+    Trainer(whole, quiet=True, log=lambda m: None).run()
+    half = tiny_config(tmp_path / "b", train={"max_steps": 3, "save_every": 3})
+    Trainer(half, quiet=True, log=lambda m: None).run()
+    rest = tiny_config(tmp_path / "b", train={"max_steps": 6, "save_every": 3})
+    Trainer(rest, resume=True, quiet=True, log=lambda m: None).run()
+    assert _losses(whole.out_dir) == _losses(rest.out_dir)
+    a = checkpoint.load(checkpoint.step_dirs(whole.out_dir)[-1]).model.state_dict()
+    b = checkpoint.load(checkpoint.step_dirs(rest.out_dir)[-1]).model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_refuses_changed_architecture(tmp_path):
+    Trainer(tiny_config(tmp_path, train={"max_steps": 3}), quiet=True, log=lambda m: None).run()
+    changed = tiny_config(tmp_path, model={"d_ff": 128}, train={"max_steps": 6})
+    with pytest.raises(TrainError, match=r"model.d_ff \(64 -> 128\)"):
+        Trainer(changed, resume=True, quiet=True, log=lambda m: None).run()
+
+
+def test_existing_run_needs_resume_or_overwrite(tmp_path):
+    cfg = tiny_config(tmp_path, train={"max_steps": 3})
+    Trainer(cfg, quiet=True, log=lambda m: None).run()
+    with pytest.raises(TrainError, match="already exists; pass --resume"):
+        Trainer(cfg, quiet=True, log=lambda m: None).run()
+    assert Trainer(cfg, overwrite=True, quiet=True, log=lambda m: None).run().state.step == 3
+
+
+def test_resume_of_finished_run_is_a_no_op(tmp_path):
+    cfg = tiny_config(tmp_path, train={"max_steps": 3})
+    Trainer(cfg, quiet=True, log=lambda m: None).run()
+    messages = []
+    result = Trainer(cfg, resume=True, quiet=True, log=messages.append).run()
+    assert result.reason == "finished" and any("already at max_steps" in m for m in messages)

@@ -1,0 +1,73 @@
+"""Translator: one output per input line, in order, whatever the batching; bad lines handled."""
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tiny import tiny_config
+from transformer import checkpoint
+from transformer.tokenizer import Tokenizer
+from transformer.translator import TranslateError, Translator, clean_line
+
+SENTENCES = ["Ein Mann fährt Fahrrad.", "A man rides a bike.", "Der Hund läuft im Park.", "The dog runs."] * 20
+
+
+@pytest.fixture(scope="module")
+def translator(tmp_path_factory):
+    cfg = tiny_config(tmp_path_factory.mktemp("t"), decode={"max_len_b": 4, "batch_tokens": 64})
+    tok = Tokenizer.train(SENTENCES, vocab_size=cfg.tokenizer.vocab_size)
+    torch.manual_seed(0)
+    model = checkpoint.build_model(cfg, tok)
+    t = Translator(model, tok, cfg.decode, cfg.model.max_positions, torch.device("cpu"))
+    t.warn = lambda msg: None
+    return t
+
+
+def test_clean_line():
+    assert clean_line("\ufeffEin  Mann\tfährt.\r") == "Ein Mann fährt."
+    assert clean_line("a\x00b\x07c") == "a b c"
+    assert clean_line("   ") == ""
+
+
+def test_one_line_out_per_line_in_and_empty_stays_empty(translator):
+    lines = ["Ein Mann.", "", "   ", "Der Hund läuft im Park und der Mann fährt Fahrrad.", "\ufeff\r", "😀 Привет 我们"]
+    out = translator.translate_chunk(lines, beam=2)
+    assert len(out) == len(lines)
+    assert [o.best for o in out][1:3] == ["", ""] and out[4].best == ""
+
+
+def test_order_and_chunking_do_not_change_results(translator):
+    lines = [" ".join(["Mann"] * n) + " fährt." for n in (5, 1, 9, 3, 7, 2)]
+    whole = [t.best for t in translator.translate(lines, beam=2, chunk=100)]
+    chunked = [t.best for t in translator.translate(lines, beam=2, chunk=2)]
+    reversed_ = [t.best for t in translator.translate(lines[::-1], beam=2)][::-1]
+    assert whole == chunked == reversed_
+
+
+def test_too_long_lines_truncate_or_error(translator):
+    long = "Mann " * 500
+    warnings = []
+    translator.warn = warnings.append
+    assert len(translator.translate_chunk([long, "Hund"], beam=1)) == 2
+    assert warnings and "line 1" in warnings[0] and "truncated" in warnings[0]
+    translator.decode.too_long = "error"
+    try:
+        with pytest.raises(TranslateError, match="line 1: .* tokens"):
+            translator.translate_chunk([long], beam=1)
+    finally:
+        translator.decode.too_long = "truncate"
+
+
+def test_nbest_larger_than_beam_refused(translator):
+    with pytest.raises(TranslateError, match="--nbest 3 is larger than --beam 2"):
+        translator.translate_chunk(["Hund"], beam=2, nbest=3)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.text(max_size=30), min_size=1, max_size=6))
+def test_any_unicode_gives_one_line_per_input(translator, lines):
+    lines = [l.replace("\n", " ") for l in lines]
+    out = translator.translate_chunk(lines, beam=1)
+    assert len(out) == len(lines)
+    assert all("\n" not in o.best for o in out)

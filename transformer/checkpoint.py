@@ -1,0 +1,206 @@
+"""One self-contained checkpoint directory: saved atomically, loaded safely.
+
+A checkpoint directory holds ``config.yaml`` (the resolved config), ``tokenizer.json``,
+``model.safetensors`` (weights, never pickled), ``meta.json`` (step, scores, the
+tokenizer's fingerprint) and, for resumable checkpoints, ``trainer.pt`` (optimizer,
+schedule, scaler, RNG and data position), read back with ``torch.load(weights_only=True)``.
+Everything is written under a temporary name and renamed into place, so a crash
+or a full disk never leaves a half-written checkpoint where a good one was.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from safetensors import SafetensorError
+from safetensors.torch import load_model, save_model
+
+from transformer import config as config_mod
+from transformer.errors import UserError
+from transformer.config import Config, ConfigError
+from transformer.corpus import DataError
+from transformer.model import Transformer
+from transformer.tokenizer import Tokenizer
+
+CONFIG, TOKENIZER, WEIGHTS, META, TRAINER = "config.yaml", "tokenizer.json", "model.safetensors", "meta.json", "trainer.pt"
+STEP_PREFIX = "step_"
+
+
+class CheckpointError(UserError, RuntimeError):
+    """A checkpoint that cannot be written or read, with the reason and the fix in one line."""
+
+
+@dataclass
+class Loaded:
+    """What a checkpoint directory gives back."""
+
+    cfg: Config
+    tokenizer: Tokenizer
+    model: Transformer
+    meta: dict[str, Any]
+    path: Path
+
+
+def build_model(cfg: Config, tokenizer: Tokenizer) -> Transformer:
+    """The Transformer that a config and tokenizer describe (shared vocabulary)."""
+    v = tokenizer.vocab_size
+    return Transformer(v, v, tokenizer.pad_id, **dataclasses.asdict(cfg.model))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_files(tmp: Path, cfg: Config, tokenizer: Tokenizer, model: torch.nn.Module,
+                 meta: dict[str, Any], trainer_state: dict[str, Any] | None) -> None:
+    tmp.mkdir(parents=True)
+    (tmp / CONFIG).write_text(config_mod.dump(cfg), encoding="utf-8")
+    tokenizer.save(tmp / TOKENIZER)
+    save_model(model, str(tmp / WEIGHTS))
+    meta = {**meta, "tokenizer_fingerprint": tokenizer.fingerprint(), "torch": torch.__version__}
+    (tmp / META).write_text(json.dumps(meta, indent=2), encoding="utf-8")
+    if trainer_state is not None:
+        torch.save(trainer_state, tmp / TRAINER)
+    for f in tmp.iterdir():
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+
+
+def save(path: str | Path, cfg: Config, tokenizer: Tokenizer, model: torch.nn.Module,
+         meta: dict[str, Any], trainer_state: dict[str, Any] | None = None) -> Path:
+    """Write a checkpoint directory atomically; an existing one at ``path`` is replaced only once the new one is complete."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    old = path.with_name(f".{path.name}.old-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        _write_files(tmp, cfg, tokenizer, model, meta, trainer_state)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if e.errno == errno.ENOSPC:
+            need = sum(p.numel() * p.element_size() for p in model.state_dict().values())
+            factor = 3 if trainer_state is not None else 1
+            free = shutil.disk_usage(path.parent).free
+            raise CheckpointError(
+                f"disk full while saving {path}: about {need * factor:,} bytes needed, {free:,} free; "
+                "free some space (older checkpoints are intact) and resume with --resume") from None
+        raise CheckpointError(f"cannot write checkpoint {path}: {e.strerror or e}; check the directory is writable") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if path.exists():
+        os.replace(path, old)
+    os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
+    _fsync_dir(path.parent)
+    return path
+
+
+def step_dirs(run_dir: str | Path) -> list[Path]:
+    """The run's step checkpoints, oldest first."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    dirs = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(STEP_PREFIX) and (p / META).is_file()]
+    return sorted(dirs, key=lambda p: int(p.name[len(STEP_PREFIX):]))
+
+
+def prune(run_dir: str | Path, keep_last: int) -> None:
+    """Remove all but the newest ``keep_last`` step checkpoints."""
+    for old in step_dirs(run_dir)[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def read_config(path: Path) -> Config:
+    """The resolved config saved in a checkpoint directory."""
+    try:
+        values = yaml.safe_load((path / CONFIG).read_text(encoding="utf-8")) or {}
+        return config_mod.from_dict(values)
+    except (OSError, yaml.YAMLError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path / CONFIG} is unreadable ({type(e).__name__}); the checkpoint is damaged, use another one") from None
+    except ConfigError as e:
+        raise CheckpointError(f"{path / CONFIG}: {e}") from None
+
+
+def check_files(path: Path, *names: str) -> None:
+    """Raise a CheckpointError that lists whichever of ``names`` the directory lacks."""
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint '{path}' not found; pass a checkpoint directory, e.g. runs/<name>/best")
+    missing = [n for n in names if not (path / n).is_file()]
+    if missing:
+        raise CheckpointError(f"checkpoint '{path}' lacks {', '.join(missing)}; it is incomplete, use another checkpoint")
+
+
+def load(path: str | Path, device: str | torch.device = "cpu") -> Loaded:
+    """Load config, tokenizer and weights from a checkpoint directory, checking that they belong together."""
+    path = Path(path)
+    check_files(path, CONFIG, TOKENIZER, WEIGHTS, META)
+    cfg = read_config(path)
+    try:
+        tokenizer = Tokenizer.load(path / TOKENIZER)
+    except DataError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    try:
+        meta = json.loads((path / META).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path / META} is unreadable ({type(e).__name__}); the checkpoint is damaged") from None
+    recorded = meta.get("tokenizer_fingerprint")
+    if recorded != tokenizer.fingerprint():
+        raise CheckpointError(
+            f"{path / TOKENIZER} does not match the weights (fingerprint {tokenizer.fingerprint()[:12]} != recorded "
+            f"{str(recorded)[:12]}); put back the tokenizer.json saved with this checkpoint")
+    model = build_model(cfg, tokenizer)
+    try:
+        missing, unexpected = load_model(model, str(path / WEIGHTS), strict=False, device=str(device))
+    except (SafetensorError, OSError, RuntimeError, ValueError) as e:
+        raise CheckpointError(
+            f"{path / WEIGHTS} is truncated or corrupt ({str(e).splitlines()[0][:120]}); use another checkpoint") from None
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{path / WEIGHTS} does not fit the model in {CONFIG} (missing {sorted(missing)[:3]}, unexpected "
+            f"{sorted(unexpected)[:3]}); the files come from different runs")
+    model.to(device)
+    return Loaded(cfg, tokenizer, model, meta, path)
+
+
+def load_trainer_state(path: str | Path) -> dict[str, Any]:
+    """Read ``trainer.pt`` without unpickling arbitrary objects (weights_only=True)."""
+    path = Path(path)
+    check_files(path, TRAINER)
+    try:
+        return torch.load(path / TRAINER, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unpickling failure means the same thing to the user
+        first = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+        raise CheckpointError(
+            f"{path / TRAINER} refused: not a plain tensor/number state ({first}); it is corrupt or unsafe, "
+            "resume from another checkpoint") from None
+
+
+def newest(runs: str | Path) -> Path:
+    """The checkpoint ``tfm translate`` uses by default: the newest run's ``best``, else its newest step."""
+    runs = Path(runs)
+    runs_found = [p for p in runs.iterdir() if p.is_dir()] if runs.is_dir() else []
+    candidates = []
+    for run in runs_found:
+        best = run / "best"
+        chosen = best if (best / META).is_file() else (step_dirs(run)[-1] if step_dirs(run) else None)
+        if chosen is not None:
+            candidates.append(chosen)
+    if not candidates:
+        raise CheckpointError(f"no checkpoint found under {runs}/; train one first "
+                              "(tfm train --config configs/quickstart.yaml) or pass --checkpoint DIR")
+    return max(candidates, key=lambda p: (p / META).stat().st_mtime)

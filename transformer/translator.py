@@ -1,0 +1,134 @@
+"""Translator: text in, text out, through the tokenizer, the model and the search.
+
+Lines are cleaned (BOM, CR, control characters), streamed in chunks, sorted by
+length inside a chunk and batched by tokens, then put back in input order: one
+output per input line, an empty line for an empty line, whatever the batch size.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import unicodedata
+from dataclasses import dataclass
+from itertools import islice
+from typing import Iterable, Iterator
+
+import torch
+
+from transformer.errors import UserError
+from transformer.config import DecodeConfig
+from transformer.device import autocast
+from transformer.model import Transformer
+from transformer.search import Hypothesis, beam_search, greedy_search
+from transformer.tokenizer import Tokenizer
+
+_SPACES = re.compile(r"\s+")
+
+
+class TranslateError(UserError, ValueError):
+    """An input the translator refuses under the current settings."""
+
+
+def clean_line(line: str) -> str:
+    """Strip BOM and line ends, turn control characters into spaces and collapse whitespace."""
+    line = line.replace("\ufeff", "")
+    line = "".join(" " if unicodedata.category(ch) == "Cc" else ch for ch in line)
+    return _SPACES.sub(" ", line).strip()
+
+
+@dataclass
+class Translation:
+    """The n-best hypotheses of one input line, best first, as text and scores."""
+
+    texts: list[str]
+    scores: list[float]
+
+    @property
+    def best(self) -> str:
+        """The 1-best text ('' for an empty input)."""
+        return self.texts[0] if self.texts else ""
+
+
+class Translator:
+    """A trained model with its tokenizer and decode settings."""
+
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, decode: DecodeConfig, max_positions: int,
+                 device: torch.device, precision: str = "fp32") -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.decode = decode
+        self.max_positions = max_positions
+        self.device = device
+        self.precision = precision
+        self.warn = lambda msg: print(f"warning: {msg}", file=sys.stderr)
+
+    def _ids(self, lines: list[str], first_line_no: int) -> list[list[int]]:
+        """Token ids per line (plus <END>), truncated or refused when longer than the model's positions."""
+        ids = self.tokenizer.encode_batch(lines) if lines else []
+        limit = self.max_positions - 1
+        for i, seq in enumerate(ids):
+            if len(seq) > limit:
+                where = f"line {first_line_no + i}: {len(seq)} tokens, the model has {self.max_positions} positions"
+                if self.decode.too_long == "error":
+                    raise TranslateError(f"{where}; shorten it or set decode.too_long=truncate")
+                self.warn(f"{where}; truncated to {limit}")
+                ids[i] = seq[:limit]
+        return [seq + [self.tokenizer.end_id] for seq in ids]
+
+    def _batches(self, ids: list[list[int]]) -> Iterator[list[int]]:
+        """Indices of non-empty lines grouped by length, each batch within decode.batch_tokens."""
+        order = sorted((i for i, s in enumerate(ids) if len(s) > 1), key=lambda i: len(ids[i]))
+        batch: list[int] = []
+        for i in order:
+            longest = len(ids[i])
+            if batch and (len(batch) + 1) * longest > self.decode.batch_tokens:
+                yield batch
+                batch = []
+            batch.append(i)
+        if batch:
+            yield batch
+
+    def _search(self, src: torch.Tensor, beam: int, nbest: int) -> list[list[Hypothesis]]:
+        t = self.tokenizer
+        d = self.decode
+        with autocast(self.precision, self.device):
+            if beam == 1:
+                return [[h] for h in greedy_search(self.model, src, t.start_id, t.end_id, d.max_len_a, d.max_len_b)]
+            return beam_search(self.model, src, t.start_id, t.end_id, beam=beam, alpha=d.alpha, nbest=nbest,
+                               max_len_a=d.max_len_a, max_len_b=d.max_len_b)
+
+    def translate_chunk(self, lines: list[str], beam: int | None = None, nbest: int = 1,
+                        first_line_no: int = 1) -> list[Translation]:
+        """Translate a list of lines, returning one Translation per line in the same order."""
+        beam = self.decode.beam if beam is None else beam
+        if nbest > beam:
+            raise TranslateError(f"--nbest {nbest} is larger than --beam {beam}; ask for at most {beam}")
+        cleaned = [clean_line(line) for line in lines]
+        ids = self._ids(cleaned, first_line_no)
+        out = [Translation([], []) for _ in lines]
+        pad = self.tokenizer.pad_id
+        for batch in self._batches(ids):
+            longest = max(len(ids[i]) for i in batch)
+            src = torch.full((len(batch), longest), pad, dtype=torch.long)
+            for row, i in enumerate(batch):
+                src[row, : len(ids[i])] = torch.tensor(ids[i])
+            hyps = self._search(src.to(self.device), beam, nbest)
+            texts = self.tokenizer.decode_batch([h.tokens for hs in hyps for h in hs])
+            k = 0
+            for i, hs in zip(batch, hyps):
+                out[i] = Translation(texts[k:k + len(hs)], [h.score for h in hs])
+                k += len(hs)
+        return out
+
+    def translate(self, lines: Iterable[str], beam: int | None = None, nbest: int = 1,
+                  chunk: int = 1000) -> Iterator[Translation]:
+        """Stream translations of ``lines`` in input order, holding at most ``chunk`` lines at a time."""
+        it = iter(lines)
+        line_no = 1
+        while True:
+            part = list(islice(it, chunk))
+            if not part:
+                return
+            yield from self.translate_chunk(part, beam, nbest, line_no)
+            line_no += len(part)
