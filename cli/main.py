@@ -1,0 +1,87 @@
+"""The ``tfm`` command line: parse, call the library, print.
+
+Library modules are imported inside each command so that ``tfm --help`` answers
+without loading torch. Every error a user can fix is printed as one line and
+exits with code 2.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from cli.errors import fail, user_errors
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Train and run the translation Transformer of 'Attention Is All You Need'.")
+
+
+@app.command()
+def train(
+    config: Path = typer.Option(..., "--config", "-c", help="YAML config, e.g. configs/quickstart.yaml"),
+    set_: List[str] = typer.Option([], "--set", help="Override a config value: --set train.warmup=200 (repeatable)"),
+    data_dir: Optional[str] = typer.Option(None, "--data-dir", help="Corpus location (sets data.path)"),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the run's newest checkpoint"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Delete an existing run directory of the same name first"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar (for scripts)"),
+) -> None:
+    """Train a model; checkpoints go to runs/<name>/."""
+    with user_errors():
+        from transformer.config import load
+        from transformer.train import Trainer
+
+        overrides = list(set_) + ([f"data.path={data_dir}"] if data_dir else [])
+        result = Trainer(load(config, overrides), resume=resume, overwrite=overwrite, quiet=quiet).run()
+    if result.exit_code:
+        raise typer.Exit(result.exit_code)
+
+
+@app.command()
+def translate(
+    text: Optional[str] = typer.Argument(None, help="Sentence to translate; omit to read --input or stdin"),
+    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Checkpoint directory (default: newest run's best)"),
+    input_: Optional[Path] = typer.Option(None, "--input", "-i", help="File with one sentence per line"),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write translations here (default: stdout)"),
+    beam: Optional[int] = typer.Option(None, "--beam", min=1, help="Beam size (default: the config's, 4)"),
+    greedy: bool = typer.Option(False, "--greedy", help="Greedy search (same as --beam 1)"),
+    nbest: int = typer.Option(1, "--nbest", min=1, help="Print the K best: 'line ||| text ||| score'"),
+    batch_tokens: Optional[int] = typer.Option(None, "--batch-tokens", "--batch-size", min=1, help="Source tokens per batch"),
+    device: str = typer.Option("auto", "--device", help="auto|cpu|cuda|mps"),
+    precision: str = typer.Option("fp32", "--precision", help="fp32|bf16|fp16"),
+    runs: Path = typer.Option(Path("runs"), "--runs", help="Where to look for the newest run"),
+) -> None:
+    """Translate a sentence, a file or stdin with a trained checkpoint."""
+    from cli.translate_cmd import run_translate
+
+    with user_errors():
+        run_translate(text, checkpoint, input_, output, 1 if greedy else beam, nbest, batch_tokens, device,
+                      precision, runs)
+
+
+@app.command(name="eval")
+def eval_(
+    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Checkpoint directory (default: newest run's best)"),
+    split: Optional[str] = typer.Option(None, "--split", help="Split to score (default: the config's test split)"),
+    src: Optional[Path] = typer.Option(None, "--src", help="Source file to translate instead of a split"),
+    ref: Optional[Path] = typer.Option(None, "--ref", help="Reference file for --src or --hyp"),
+    hyp: Optional[Path] = typer.Option(None, "--hyp", help="Score this hypothesis file against --ref (no model)"),
+    beam: Optional[int] = typer.Option(None, "--beam", min=1, help="Beam size (default: the config's, 4)"),
+    data_dir: Optional[str] = typer.Option(None, "--data-dir", help="Corpus location (overrides the checkpoint's data.path)"),
+    device: str = typer.Option("auto", "--device", help="auto|cpu|cuda|mps"),
+    precision: str = typer.Option("fp32", "--precision", help="fp32|bf16|fp16"),
+    runs: Path = typer.Option(Path("runs"), "--runs", help="Where to look for the newest run"),
+) -> None:
+    """Translate the test split and print sacreBLEU (with its signature) and chrF."""
+    from cli.eval_cmd import run_eval
+
+    with user_errors():
+        if (src is None) != (ref is None) and hyp is None:
+            fail("--src and --ref go together; give both, or neither to use the config's test split")
+        run_eval(checkpoint, split, src, ref, hyp, beam, data_dir, device, precision, runs)
+
+
+def main() -> None:
+    """Entry point for ``python -m cli``."""
+    app()

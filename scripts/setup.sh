@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Create .venv and install tfm into it. torch comes first and is kept if already there:
+# the default is the 2.13.0 CPU wheel; a GPU user sets TORCH_SPEC (or pre-installs a CUDA build).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  .venv/bin/pip install --quiet "${TORCH_SPEC:-torch==2.13.0}"
+fi
+.venv/bin/pip install --quiet -e ".[dev]"

@@ -1,0 +1,103 @@
+"""The real `tfm` command line, end to end, in subprocesses: train -> translate -> eval, and its errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tiny import ROOT, SAMPLE
+
+QUICK = ["--set", "train.max_steps=30", "--set", "train.eval_every=30", "--set", "train.save_every=30"]
+
+
+def tfm(*args, cwd=None, input=None, timeout=300):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "cli", *map(str, args)], cwd=cwd, input=input, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    runs = tmp_path_factory.mktemp("e2e") / "runs"
+    r = tfm("train", "--config", ROOT / "configs" / "quickstart.yaml", "--quiet", "--set", f"run_dir={runs}",
+            "--set", f"data.path={SAMPLE}", *QUICK)
+    assert r.returncode == 0, r.stderr
+    return runs
+
+
+def test_train_writes_a_run(trained):
+    run = trained / "quickstart"
+    assert (run / "best" / "model.safetensors").is_file()
+    assert (run / "log.jsonl").read_text().count('"kind": "valid"') >= 1
+
+
+def test_translate_sentence_file_and_stdin(trained, tmp_path):
+    r = tfm("translate", "Ein Mann fährt Fahrrad.", "--runs", trained)
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout.splitlines()) == 1
+    src = tmp_path / "in.de"
+    src.write_bytes("\ufeffEin Hund läuft.\r\n\n   \nDie Frau liest.\x07\n".encode())
+    out = tmp_path / "out.en"
+    r = tfm("translate", "--input", src, "--output", out, "--runs", trained, "--beam", "3")
+    assert r.returncode == 0, r.stderr
+    lines = out.read_text(encoding="utf-8").split("\n")
+    assert len(lines) == 5 and lines[1] == "" and lines[2] == "" and lines[4] == ""
+    assert lines[0] and lines[3]
+    r = tfm("translate", "--greedy", "--runs", trained, input="Ein Hund läuft.\n\nDie Frau liest.\n")
+    assert r.returncode == 0 and r.stdout.split("\n")[1] == "" and len(r.stdout.splitlines()) == 3
+
+
+def test_nbest(trained):
+    r = tfm("translate", "Ein Hund läuft.", "--runs", trained, "--beam", "3", "--nbest", "3")
+    rows = r.stdout.splitlines()
+    assert r.returncode == 0 and len(rows) == 3 and all(row.startswith("1 ||| ") for row in rows)
+    scores = [float(row.rsplit("|||", 1)[1]) for row in rows]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_eval_prints_signature_and_writes_scores(trained, tmp_path):
+    r = tfm("eval", "--runs", trained, "--beam", "2")
+    assert r.returncode == 0, r.stderr
+    assert "BLEU = " in r.stdout and "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp" in r.stdout and "chrF = " in r.stdout
+    saved = json.loads(next((trained / "quickstart" / "best" / "eval").glob("*.json")).read_text())
+    assert saved["beam"] == 2 and 0 <= saved["bleu"] <= 100
+    hyp, ref = tmp_path / "h", tmp_path / "r"
+    hyp.write_text("a\nb\n")
+    ref.write_text("a\nb\nc\n")
+    r = tfm("eval", "--hyp", hyp, "--ref", ref)
+    assert r.returncode == 2 and "2 hypotheses but 3 references" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_output_into_head_has_no_broken_pipe(trained, tmp_path):
+    src = tmp_path / "many.de"
+    src.write_text("Ein Hund läuft.\n" * 300)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = f"{sys.executable} -m cli translate --greedy --input {src} --runs {trained} | head -1"
+    r = subprocess.run(cmd, shell=True, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 1
+    assert "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["train", "--config", "nope.yaml"], "config file 'nope.yaml' not found"),
+    (["train", "--config", ROOT / "configs" / "quickstart.yaml", "--set", "model.dropuot=0.2"], "did you mean 'model.dropout'"),
+    (["train", "--config", ROOT / "configs" / "quickstart.yaml", "--set", "precision=fp16", "--set", "device=cpu"],
+     "precision: fp16 needs a CUDA GPU"),
+    (["translate", "x", "--checkpoint", "/nonexistent"], "checkpoint '/nonexistent' not found"),
+    (["translate", "x", "--runs", "/nonexistent"], "no checkpoint found"),
+])
+def test_errors_are_one_line_exit_2(args, message, tmp_path):
+    r = tfm(*args, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert len([l for l in r.stderr.splitlines() if l.startswith("error:")]) == 1
+
+
+def test_help_does_not_import_torch():
+    code = ("import sys; sys.argv = ['tfm', '--help']\nfrom cli.main import app\n"
+            "try:\n    app()\nexcept SystemExit:\n    pass\nprint('TORCH' if 'torch' in sys.modules else 'NO-TORCH')")
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                       capture_output=True, text=True, timeout=60)
+    assert "train" in r.stdout and r.stdout.strip().endswith("NO-TORCH")
