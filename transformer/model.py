@@ -1,0 +1,343 @@
+"""The Transformer of "Attention Is All You Need": embeddings, positions, attention, layers, the model.
+
+Mask convention for the whole code base: a mask is a bool tensor, True = may attend (the convention
+of ``torch.nn.functional.scaled_dot_product_attention``), broadcastable to [B, h, T_query, T_key].
+The source padding mask is ``src_keep`` of shape [B, 1, 1, S]. Decoder self-attention needs only the
+causal mask: right-padded target positions come after every real one, so no real position sees them,
+and the loss ignores the padded positions themselves. A query with no key to attend to (a source of
+nothing but <PAD>) gets an attention output of zeros, never NaN, in every precision.
+
+Shapes: B batch, S source length, T target length, V vocabulary, h heads, d_k = d_model / h.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def sinusoids(start: int, length: int, d_model: int) -> Tensor:
+    """Positional encodings of positions start..start+length-1: sin on even, cos on odd dimensions."""
+    pos = torch.arange(start, start + length, dtype=torch.float64, device="cpu").unsqueeze(1)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64, device="cpu")
+    inv_freq = torch.exp(two_i * (-math.log(10000.0) / d_model))
+    pe = torch.empty(length, d_model, dtype=torch.float64, device="cpu")
+    pe[:, 0::2] = torch.sin(pos * inv_freq)
+    pe[:, 1::2] = torch.cos(pos * inv_freq)
+    return pe.float()
+
+
+class PositionalEncoding(nn.Module):
+    """Adds fixed sinusoidal positions; any length works, max_positions only sizes the precomputed table."""
+
+    def __init__(self, d_model: int, max_positions: int):
+        super().__init__()
+        self.d_model = d_model
+        self.register_buffer("table", sinusoids(0, max_positions, d_model), persistent=False)
+
+    def forward(self, x: Tensor, start: int = 0) -> Tensor:
+        """x [B, T, d_model] holds positions start..start+T-1."""
+        end = start + x.size(1)
+        if end <= self.table.size(0):
+            return x + self.table[start:end]
+        return x + sinusoids(start, x.size(1), self.d_model).to(x.device, x.dtype)
+
+
+def safe_mask(keep: Tensor) -> tuple[Tensor, Tensor]:
+    """(mask, rows): rows with no key to attend to may attend to all keys, and rows marks which rows had one."""
+    if keep.dtype != torch.bool:
+        raise TypeError(f"masks are bool (True = may attend), got {keep.dtype}")
+    rows = keep.any(-1, keepdim=True)
+    return keep | ~rows, rows
+
+
+def attention_probs(q: Tensor, k: Tensor, mask: Tensor | None, is_causal: bool, rows: Tensor | None) -> Tensor:
+    """Attention probabilities softmax(q k^T / sqrt(d_k)) under the same masks as SDPA, computed explicitly."""
+    scores = q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.size(-1))
+    if is_causal:
+        mask = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = scores.softmax(-1)
+    return probs if rows is None else probs * rows
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention: projections and head split/merge here, the attention itself in SDPA."""
+
+    def __init__(self, d_model: int, h: int):
+        super().__init__()
+        self.h, self.d_k = h, d_model // h
+        self.in_proj = nn.Linear(d_model, 3 * d_model)  # W^Q, W^K, W^V stacked, as in nn.MultiheadAttention
+        self.out_proj = nn.Linear(d_model, d_model)  # W^O
+        self.record_weights = False
+        self.weights: Tensor | None = None
+
+    def _heads(self, x: Tensor, n: int) -> Tensor:
+        """[B, T, n * d_model] -> [n, B, h, T, d_k]."""
+        B, T, _ = x.shape
+        return x.view(B, T, n, self.h, self.d_k).permute(2, 0, 3, 1, 4)
+
+    def qkv(self, x: Tensor) -> Tensor:
+        """Self-attention projections in one matmul: [3, B, h, T, d_k]."""
+        return self._heads(self.in_proj(x), 3)
+
+    def q(self, x: Tensor) -> Tensor:
+        """Query projection for cross-attention: [B, h, T, d_k]."""
+        d = self.h * self.d_k
+        return self._heads(F.linear(x, self.in_proj.weight[:d], self.in_proj.bias[:d]), 1)[0]
+
+    def kv(self, memory: Tensor) -> Tensor:
+        """Key and value projections of the encoder output for cross-attention: [2, B, h, S, d_k]."""
+        d = self.h * self.d_k
+        return self._heads(F.linear(memory, self.in_proj.weight[d:], self.in_proj.bias[d:]), 2)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, rows: Tensor | None = None,
+               is_causal: bool = False) -> Tensor:
+        """SDPA over the heads, merge them and project; rows (from safe_mask) zeroes queries with no key."""
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
+        if self.record_weights:
+            self.weights = attention_probs(q, k, mask, is_causal, rows)
+        if rows is not None:
+            out = out * rows
+        B, _, T, _ = out.shape
+        return self.out_proj(out.transpose(1, 2).reshape(B, T, self.h * self.d_k))
+
+
+class FeedForward(nn.Module):
+    """Position-wise feed-forward network: max(0, x W_1 + b_1) W_2 + b_2."""
+
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__()
+        self.w_1 = nn.Linear(d_model, d_ff)
+        self.w_2 = nn.Linear(d_ff, d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w_2(F.relu(self.w_1(x)))
+
+
+class Layer(nn.Module):
+    """Shared by encoder and decoder layers: residual connection, dropout and LayerNorm around a sub-layer."""
+
+    def __init__(self, d_model: int, d_ff: int, h: int, dropout: float, norm_first: bool, n_norms: int):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, h)
+        self.ff = FeedForward(d_model, d_ff)
+        self.norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(n_norms))
+        self.dropout = nn.Dropout(dropout)
+        self.norm_first = norm_first
+
+    def sublayer(self, x: Tensor, i: int, f: Callable[[Tensor], Tensor]) -> Tensor:
+        """Post-norm LayerNorm(x + Dropout(f(x))) as in the paper, or pre-norm x + Dropout(f(LayerNorm(x)))."""
+        if self.norm_first:
+            return x + self.dropout(f(self.norms[i](x)))
+        return self.norms[i](x + self.dropout(f(x)))
+
+
+class EncoderLayer(Layer):
+    """Self-attention over the source, then the feed-forward network."""
+
+    def __init__(self, d_model: int, d_ff: int, h: int, dropout: float, norm_first: bool):
+        super().__init__(d_model, d_ff, h, dropout, norm_first, 2)
+
+    def forward(self, x: Tensor, mask: Tensor, rows: Tensor) -> Tensor:
+        x = self.sublayer(x, 0, lambda y: self.self_attn.attend(*self.self_attn.qkv(y), mask=mask, rows=rows))
+        return self.sublayer(x, 1, self.ff)
+
+
+class DecoderLayer(Layer):
+    """Masked self-attention, encoder-decoder attention, then the feed-forward network."""
+
+    def __init__(self, d_model: int, d_ff: int, h: int, dropout: float, norm_first: bool):
+        super().__init__(d_model, d_ff, h, dropout, norm_first, 3)
+        self.cross_attn = MultiHeadAttention(d_model, h)
+
+    def forward(self, y: Tensor, memory: Tensor, mask: Tensor, rows: Tensor) -> Tensor:
+        """All target positions at once, causal self-attention through SDPA's is_causal (fast kernels)."""
+        y = self.sublayer(y, 0, lambda z: self.self_attn.attend(*self.self_attn.qkv(z), is_causal=True))
+        y = self.sublayer(y, 1, lambda z: self.cross_attn.attend(
+            self.cross_attn.q(z), *self.cross_attn.kv(memory), mask=mask, rows=rows))
+        return self.sublayer(y, 2, self.ff)
+
+    def step(self, y: Tensor, cache: Tensor, t: int, cross: Tensor, mask: Tensor, rows: Tensor, beam: int) -> Tensor:
+        """Target position t alone: y [B, 1, d_model]; its K/V go into cache [B, 2, h, capacity, d_k] at t.
+
+        cross [B / beam, 2, h, S, d_k] holds one entry per sentence: the beam rows of a sentence attend
+        to it together, as that sentence's queries (exact, and K/V are read once per sentence).
+        """
+
+        def self_attend(z: Tensor) -> Tensor:
+            qkv = self.self_attn.qkv(z)
+            cache[:, :, :, t] = qkv[1:, :, :, 0].transpose(0, 1)
+            # No mask and no is_causal: the one query may see every cached key (is_causal would align top-left).
+            return self.self_attn.attend(qkv[0], cache[:, 0, :, : t + 1], cache[:, 1, :, : t + 1])
+
+        def cross_attend(z: Tensor) -> Tensor:
+            q = self.cross_attn.q(z.reshape(-1, beam, z.size(-1)))
+            return self.cross_attn.attend(q, cross[:, 0], cross[:, 1], mask, rows).reshape(z.shape)
+
+        y = self.sublayer(y, 0, self_attend)
+        y = self.sublayer(y, 1, cross_attend)
+        return self.sublayer(y, 2, self.ff)
+
+
+class Encoder(nn.Module):
+    """N encoder layers, plus a final LayerNorm when pre-norm."""
+
+    def __init__(self, N: int, d_model: int, d_ff: int, h: int, dropout: float, norm_first: bool):
+        super().__init__()
+        self.layers = nn.ModuleList(EncoderLayer(d_model, d_ff, h, dropout, norm_first) for _ in range(N))
+        self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+
+    def forward(self, x: Tensor, src_keep: Tensor) -> Tensor:
+        mask, rows = safe_mask(src_keep)
+        for layer in self.layers:
+            x = layer(x, mask, rows)
+        return self.norm(x)
+
+
+class Decoder(nn.Module):
+    """N decoder layers, plus a final LayerNorm when pre-norm."""
+
+    def __init__(self, N: int, d_model: int, d_ff: int, h: int, dropout: float, norm_first: bool):
+        super().__init__()
+        self.layers = nn.ModuleList(DecoderLayer(d_model, d_ff, h, dropout, norm_first) for _ in range(N))
+        self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+
+    def forward(self, y: Tensor, memory: Tensor, src_keep: Tensor) -> Tensor:
+        mask, rows = safe_mask(src_keep)
+        for layer in self.layers:
+            y = layer(y, memory, mask, rows)
+        return self.norm(y)
+
+
+class DecoderState:
+    """What incremental decoding keeps between steps for a batch of rows (as fairseq's incremental state).
+
+    Rows come in groups of ``beam`` consecutive rows per sentence (beam search; 1 otherwise).
+    cross_kv [sentences, N, 2, h, S, d_k]: encoder-decoder keys and values, computed once per sentence
+    and shared by its beams; src_mask and src_rows likewise hold one entry per sentence.
+    self_kv [rows, N, 2, h, capacity, d_k]: self-attention keys and values; the first ``length``
+    positions are filled, and the capacity doubles when full. All layers in one row-major tensor make
+    reordering one contiguous copy per row.
+    """
+
+    def __init__(self, cross_kv: Tensor, src_mask: Tensor, src_rows: Tensor, beam: int = 1, capacity: int = 32):
+        sentences, N, _, h, _, d_k = cross_kv.shape
+        self.cross_kv, self.src_mask, self.src_rows = cross_kv, src_mask, src_rows
+        self.self_kv = cross_kv.new_empty(sentences * beam, N, 2, h, capacity, d_k)
+        self.beam = beam
+        self.length = 0
+
+    def select(self, index: Tensor) -> None:
+        """Keep rows ``index`` in that order, in place: reorders beams and drops finished sentences.
+
+        With beam > 1, index must keep each sentence's rows together and the sentences in order (as
+        beam search does); the per-sentence tensors are then only touched when sentences leave.
+        """
+        self.self_kv = self.self_kv.index_select(0, index)
+        sentences = index[:: self.beam] // self.beam
+        if self.beam == 1 or sentences.numel() != self.cross_kv.size(0):
+            self.cross_kv = self.cross_kv.index_select(0, sentences)
+            self.src_mask = self.src_mask.index_select(0, sentences)
+            self.src_rows = self.src_rows.index_select(0, sentences)
+
+    def reserve(self, length: int) -> None:
+        """Make room for ``length`` cached positions."""
+        capacity = self.self_kv.size(4)
+        if length > capacity:
+            grown = self.self_kv.new_empty(*self.self_kv.shape[:4], max(length, 2 * capacity), self.self_kv.size(5))
+            grown[..., :capacity, :] = self.self_kv
+            self.self_kv = grown
+
+
+class Transformer(nn.Module):
+    """The encoder-decoder Transformer; defaults are the paper's base model."""
+
+    def __init__(self, src_vocab_size: int, tgt_vocab_size: int, pad_id: int, N: int = 6, d_model: int = 512,
+                 d_ff: int = 2048, h: int = 8, dropout: float = 0.1, norm_first: bool = False,
+                 tie_embeddings: bool = True, max_positions: int = 1024):
+        super().__init__()
+        if d_model % h or d_model % 2:
+            raise ValueError(f"d_model ({d_model}) must be even and divisible by h ({h})")
+        if tie_embeddings and src_vocab_size != tgt_vocab_size:
+            raise ValueError(f"tie_embeddings needs one shared vocabulary, got {src_vocab_size} and {tgt_vocab_size}")
+        self.pad_id = pad_id
+        self.scale = math.sqrt(d_model)
+        self.src_embed = nn.Embedding(src_vocab_size, d_model, padding_idx=pad_id)
+        self.tgt_embed = self.src_embed if tie_embeddings else nn.Embedding(tgt_vocab_size, d_model, padding_idx=pad_id)
+        self.positions = PositionalEncoding(d_model, max_positions)
+        self.dropout = nn.Dropout(dropout)
+        self.encoder = Encoder(N, d_model, d_ff, h, dropout, norm_first)
+        self.decoder = Decoder(N, d_model, d_ff, h, dropout, norm_first)
+        self.generator = nn.Linear(d_model, tgt_vocab_size, bias=False)
+        self.reset_parameters()
+        if tie_embeddings:
+            self.generator.weight = self.src_embed.weight
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform linear weights, zero biases, N(0, d_model^-0.5) embeddings with a zero <PAD> row."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        for embed in (self.src_embed, self.tgt_embed):
+            nn.init.normal_(embed.weight, std=self.scale**-1)
+            with torch.no_grad():
+                embed.weight[self.pad_id].zero_()
+
+    def embed(self, tokens: Tensor, table: nn.Embedding, start: int = 0) -> Tensor:
+        """Token embeddings scaled by sqrt(d_model), plus positions start.., then dropout."""
+        return self.dropout(self.positions(table(tokens) * self.scale, start))
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """src [B, S] -> (memory [B, S, d_model], src_keep [B, 1, 1, S])."""
+        src_keep = (src != self.pad_id)[:, None, None, :]
+        return self.encoder(self.embed(src, self.src_embed), src_keep), src_keep
+
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_keep: Tensor) -> Tensor:
+        """Teacher-forced logits [B, T, V] for every target position at once."""
+        return self.generator(self.decoder(self.embed(tgt_in, self.tgt_embed), memory, src_keep))
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """src [B, S], tgt_in [B, T] -> logits [B, T, V], in one pass."""
+        return self.decode(tgt_in, *self.encode(src))
+
+    def start_state(self, memory: Tensor, src_keep: Tensor, beam: int = 1) -> DecoderState:
+        """A fresh incremental state with `beam` rows per sentence; cross-attention K/V are computed here, once."""
+        mask, rows = safe_mask(src_keep)
+        cross_kv = torch.stack([layer.cross_attn.kv(memory).transpose(0, 1) for layer in self.decoder.layers], 1)
+        return DecoderState(cross_kv, mask, rows, beam)
+
+    def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
+        """The next position's logits [B, V] given its input tokens [B]; appends to the state's cache."""
+        t = state.length
+        state.reserve(t + 1)
+        y = self.embed(tokens[:, None], self.tgt_embed, t)
+        for i, layer in enumerate(self.decoder.layers):
+            y = layer.step(y, state.self_kv[:, i], t, state.cross_kv[:, i], state.src_mask, state.src_rows, state.beam)
+        state.length = t + 1
+        return self.generator(self.decoder.norm(y))[:, 0]
+
+    def attention_weights(self, src: Tensor, tgt_in: Tensor) -> dict[str, list[Tensor]]:
+        """Attention probabilities for heatmaps: 'encoder', 'decoder', 'cross' -> per layer [B, h, T_q, T_k]."""
+        groups = {
+            "encoder": [layer.self_attn for layer in self.encoder.layers],
+            "decoder": [layer.self_attn for layer in self.decoder.layers],
+            "cross": [layer.cross_attn for layer in self.decoder.layers],
+        }
+        modules = [m for group in groups.values() for m in group]
+        for m in modules:
+            m.record_weights = True
+        try:
+            with torch.no_grad():
+                self(src, tgt_in)
+            return {name: [m.weights for m in group] for name, group in groups.items()}
+        finally:
+            for m in modules:
+                m.record_weights, m.weights = False, None

@@ -1,0 +1,166 @@
+"""Greedy and beam search over the model's incremental decoder, batched over sentences and beams.
+
+Knows nothing of files, tokenizers or the CLI: token ids in, hypotheses out. The model needs
+``pad_id``, ``encode``, ``start_state(memory, src_keep, beam)`` (beam consecutive rows per sentence) and
+``decode_step``, as transformer.model.Transformer has, and its state needs ``select``. Each sentence
+may produce at most max_len = a * src_len + b tokens before <END>, which is forced after them.
+<PAD> and <START> are never generated.
+
+Beam search follows fairseq: the top 2k candidates per sentence; those among the first k that end in
+<END> are finalized (frozen), the first k others form the next beam, and a sentence leaves the batch
+once it has k finished hypotheses or reaches its max_len. Live beams are ranked by log-probability;
+the GNMT length penalty ((5 + len) / 6) ** alpha, len counting <END>, divides a hypothesis's
+log-probability once, when it finishes. Every choice depends on its own sentence's rows only, so
+results do not depend on batch size or order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+@dataclass
+class Hypothesis:
+    """One output sentence: tokens without <START> and <END>; scores include the <END> step."""
+
+    tokens: list[int]
+    score: float
+    log_prob: float
+    positional_scores: list[float]
+
+
+def length_penalty(length: int, alpha: float) -> float:
+    """GNMT length penalty ((5 + length) / 6) ** alpha (Wu et al., 2016)."""
+    return ((5 + length) / 6) ** alpha
+
+
+def max_output_lengths(src_lengths: Tensor, max_len_a: float, max_len_b: int) -> Tensor:
+    """Most tokens each sentence may produce before the forced <END>: floor(a * src_len + b)."""
+    return (src_lengths.double() * max_len_a + max_len_b).floor().long().clamp(min=0)
+
+
+@contextlib.contextmanager
+def _eval_mode(model: nn.Module) -> Iterator[None]:
+    """Run in eval mode (no dropout) and restore the caller's mode afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+class _Search:
+    """What greedy and beam search share: encoding, per-sentence length limits, next-token log-probs."""
+
+    def __init__(self, model: nn.Module, src: Tensor, start_id: int, end_id: int, max_len_a: float, max_len_b: int,
+                 beam: int = 1):
+        self.model, self.end_id = model, end_id
+        self.banned = [model.pad_id, start_id]
+        self.max_lens = max_output_lengths((src != model.pad_id).sum(1), max_len_a, max_len_b).tolist()
+        self.state = model.start_state(*model.encode(src), beam=beam)
+
+    def log_probs(self, tokens: Tensor, step: int, sentences: list[int], width: int) -> Tensor:
+        """Log-probs [rows, V] of the next token; rows are `width` consecutive rows per sentence."""
+        lprobs = F.log_softmax(self.model.decode_step(tokens, self.state).float(), dim=-1)
+        lprobs = lprobs.masked_fill(lprobs.isnan(), float("-inf"))
+        lprobs[:, self.banned] = float("-inf")
+        at_max = [step >= self.max_lens[s] for s in sentences]
+        if any(at_max):
+            rows = torch.tensor(at_max, device=lprobs.device).repeat_interleave(width)
+            end = lprobs[:, self.end_id].clone()
+            lprobs = lprobs.masked_fill(rows[:, None], float("-inf"))
+            lprobs[:, self.end_id] = end
+        return lprobs
+
+
+def greedy_search(model: nn.Module, src: Tensor, start_id: int, end_id: int, max_len_a: float = 1.0,
+                  max_len_b: int = 50, alpha: float = 0.6) -> list[Hypothesis]:
+    """The most probable next token at every step, for each sentence of src [B, S] (right-padded).
+
+    alpha only sets how ``score`` is normalised, so that it compares with beam search's.
+    """
+    if src.size(0) == 0:
+        return []
+    with torch.inference_mode(), _eval_mode(model):
+        search = _Search(model, src, start_id, end_id, max_len_a, max_len_b)
+        sentences = list(range(src.size(0)))
+        results: list[Hypothesis | None] = [None] * len(sentences)
+        tokens = src.new_full((len(sentences),), start_id)
+        seq = src.new_empty((len(sentences), 0))
+        seq_lp = torch.empty((len(sentences), 0), device=src.device)
+        step = 0
+        while sentences:
+            lp, tokens = search.log_probs(tokens, step, sentences, 1).max(dim=-1)
+            seq, seq_lp = torch.cat([seq, tokens[:, None]], 1), torch.cat([seq_lp, lp[:, None]], 1)
+            done = [t == end_id or step >= search.max_lens[s] for t, s in zip(tokens.tolist(), sentences)]
+            if any(done):
+                rows = [r for r, d in enumerate(done) if d]
+                for r, toks, lps in zip(rows, seq[rows].tolist(), seq_lp[rows].tolist()):
+                    log_prob = sum(lps)
+                    score = log_prob / length_penalty(len(toks), alpha)
+                    results[sentences[r]] = Hypothesis(toks[:-1] if toks[-1] == end_id else toks, score, log_prob, lps)
+                keep = [r for r, d in enumerate(done) if not d]
+                index = torch.tensor(keep, dtype=torch.long, device=src.device)
+                search.state.select(index)
+                seq, seq_lp, tokens = seq[index], seq_lp[index], tokens[index]
+                sentences = [sentences[r] for r in keep]
+            step += 1
+    return results  # type: ignore[return-value]
+
+
+def beam_search(model: nn.Module, src: Tensor, start_id: int, end_id: int, beam: int = 4, alpha: float = 0.6,
+                nbest: int = 1, max_len_a: float = 1.0, max_len_b: int = 50) -> list[list[Hypothesis]]:
+    """The nbest best hypotheses of each sentence of src [B, S] (right-padded), best first."""
+    if not 1 <= nbest <= beam:
+        raise ValueError(f"nbest must be between 1 and beam ({beam}), got {nbest}")
+    if src.size(0) == 0:
+        return []
+    k, n, device = beam, src.size(0), src.device
+    with torch.inference_mode(), _eval_mode(model):
+        search = _Search(model, src, start_id, end_id, max_len_a, max_len_b, beam=k)
+        sentences = list(range(n))
+        finished: list[list[Hypothesis]] = [[] for _ in sentences]
+        scores = torch.full((n, k), float("-inf"), device=device)
+        scores[:, 0] = 0.0  # at step 0 only one beam per sentence is live, so the beam holds no duplicates
+        tokens = src.new_full((n * k,), start_id)
+        seq = src.new_empty((n * k, 0))
+        seq_lp = torch.empty((n * k, 0), device=device)
+        step = 0
+        while sentences:
+            n = len(sentences)
+            lprobs = search.log_probs(tokens, step, sentences, k)
+            V = lprobs.size(-1)
+            top, index = (scores[:, :, None] + lprobs.view(n, k, V)).view(n, k * V).topk(2 * k, dim=1)
+            rows = index // V + torch.arange(0, n * k, k, device=device)[:, None]  # [n, 2k] beam row of each candidate
+            cand = index % V
+            cand_lp = lprobs[rows, cand]
+            is_end = cand == end_id
+            final = (is_end[:, :k] & top[:, :k].isfinite()).cpu()
+            if final.any():
+                i, j = final.nonzero(as_tuple=True)
+                r = rows[i, j]
+                for s, toks, lps, end_lp, log_prob in zip(i.tolist(), seq[r].tolist(), seq_lp[r].tolist(),
+                                                            cand_lp[i, j].tolist(), top[i, j].tolist()):
+                    score = log_prob / length_penalty(len(toks) + 1, alpha)
+                    finished[sentences[s]].append(Hypothesis(toks, score, log_prob, lps + [end_lp]))
+            alive = [s for s in range(n) if len(finished[sentences[s]]) < k and step < search.max_lens[sentences[s]]]
+            live = torch.sort(is_end.to(torch.uint8), dim=1, stable=True).indices[:, :k]  # first k not ending
+            if len(alive) < n:
+                keep = torch.tensor(alive, dtype=torch.long, device=device)
+                live, top, rows, cand, cand_lp = live[keep], top[keep], rows[keep], cand[keep], cand_lp[keep]
+                sentences = [sentences[s] for s in alive]
+            scores = top.gather(1, live)
+            flat = rows.gather(1, live).view(-1)
+            tokens = cand.gather(1, live).view(-1)
+            search.state.select(flat)
+            seq = torch.cat([seq[flat], tokens[:, None]], 1)
+            seq_lp = torch.cat([seq_lp[flat], cand_lp.gather(1, live).view(-1, 1)], 1)
+            step += 1
+    return [sorted(hyps, key=lambda hyp: -hyp.score)[:nbest] for hyps in finished]
