@@ -19,8 +19,15 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
-    """Catch UserError (config, data, checkpoint, translation, eval) and exit 2 with its message."""
+    """Catch UserError (config, data, checkpoint, translation, eval) and exit 2 with its message.
+
+    Ctrl-C outside the places that handle it themselves (loading data, a model, a tokenizer) exits
+    130 with one line instead of click's "Aborted!" and exit code 1.
+    """
     try:
         yield
     except UserError as e:
         fail(str(e))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        raise typer.Exit(130) from None

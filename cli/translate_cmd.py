@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import IO, Iterator
+from typing import Iterable, Iterator
 
 from cli.errors import fail
 
 
-def _lines(stream: IO[bytes], name: str) -> Iterator[str]:
+def _lines(stream: Iterable[bytes], name: str) -> Iterator[str]:
     """Decode lines as UTF-8; invalid bytes become U+FFFD with a warning naming the line."""
     for no, raw in enumerate(stream, 1):
         try:
@@ -47,7 +47,7 @@ def run_translate(text: str | None, checkpoint: Path | None, input_: Path | None
         decode.batch_tokens = batch_tokens
     translator = Translator(loaded.model, loaded.tokenizer, decode, loaded.cfg.model.max_positions, dev, precision)
     if text is not None:
-        lines: Iterator[str] = iter([text])
+        lines: Iterator[str] = _lines([os.fsencode(text)], "the sentence")  # argv keeps non-UTF-8 bytes as surrogates
         src = None
     elif input_ is not None:
         src = open(input_, "rb")

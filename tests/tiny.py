@@ -18,7 +18,7 @@ def tiny_config(run_dir: Path, **sections) -> config.Config:
         "device": "cpu",
         "model": {"N": 1, "d_model": 32, "d_ff": 64, "h": 2, "dropout": 0.1, "max_positions": 64},
         "data": {"format": "text", "path": str(SAMPLE), "src_lang": "de", "tgt_lang": "en",
-                 "valid_split": "valid", "test_split": "valid"},
+                 "valid_split": "valid", "test_split": "valid", "max_len": 63},
         "tokenizer": {"vocab_size": 400},
         "train": {"batch_tokens": 300, "peak_lr": 1e-3, "warmup": 5, "max_steps": 6, "eval_every": 3,
                   "eval_sentences": 8, "save_every": 3, "log_every": 1, "keep_last": 2},

@@ -120,9 +120,40 @@ def step_dirs(run_dir: str | Path) -> list[Path]:
 
 
 def prune(run_dir: str | Path, keep_last: int) -> None:
-    """Remove all but the newest ``keep_last`` step checkpoints."""
+    """Remove all but the newest ``keep_last`` step checkpoints.
+
+    Each is first renamed to a temporary name, so one whose deletion is cut short is never
+    mistaken for a checkpoint, and ``clean_partial`` finishes the job on the next start.
+    """
     for old in step_dirs(run_dir)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+        doomed = old.with_name(f".{old.name}.tmp-{os.getpid()}")
+        os.replace(old, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+
+
+def clean_partial(folder: str | Path) -> list[str]:
+    """Undo what an interrupted ``save`` or ``prune`` left in ``folder``; return what was done, one line each.
+
+    A kill between ``save``'s two renames leaves the previous checkpoint as ``.NAME.old-PID``
+    and no ``NAME``: it is put back. Temporary ``.NAME.tmp-PID`` directories and ``.old``
+    copies that were already replaced are deleted.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    done = []
+    for old in sorted(p for p in folder.glob(".*.old-*") if p.is_dir()):
+        target = folder / old.name[1:].rsplit(".old-", 1)[0]
+        if target.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            done.append(f"removed {old.name}")
+        else:
+            os.replace(old, target)
+            done.append(f"restored {target.name} from {old.name}")
+    for tmp in sorted(p for p in folder.glob(".*.tmp-*") if p.is_dir()):
+        shutil.rmtree(tmp, ignore_errors=True)
+        done.append(f"removed {tmp.name}")
+    return done
 
 
 def read_config(path: Path) -> Config:

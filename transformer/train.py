@@ -100,8 +100,11 @@ class Trainer:
 
     def _prepare_run_dir(self) -> Path | None:
         """Check the run directory against --resume/--overwrite; return the checkpoint to resume from."""
-        existing = checkpoint.step_dirs(self.run_dir)
         if self.resume:
+            for folder in (self.run_dir, self.run_dir / "checkpoints"):  # what a kill -9 mid-save left behind
+                for note in checkpoint.clean_partial(folder):
+                    self.log(f"left by an interrupted save: {note}")
+            existing = checkpoint.step_dirs(self.run_dir)
             if not existing:
                 raise TrainError(f"--resume: no checkpoint in {self.run_dir}/checkpoints; start without --resume")
             return existing[-1]

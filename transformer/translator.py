@@ -24,6 +24,7 @@ from transformer.search import Hypothesis, beam_search, greedy_search
 from transformer.tokenizer import Tokenizer
 
 _SPACES = re.compile(r"\s+")
+_SURROGATES = re.compile("[\ud800-\udfff]")
 
 
 class TranslateError(UserError, ValueError):
@@ -31,8 +32,12 @@ class TranslateError(UserError, ValueError):
 
 
 def clean_line(line: str) -> str:
-    """Strip BOM and line ends, turn control characters into spaces and collapse whitespace."""
-    line = line.replace("\ufeff", "")
+    """Strip BOM and line ends, turn control characters into spaces and collapse whitespace.
+
+    Lone surrogates (how Python keeps undecodable bytes, e.g. from ``sys.argv``) become U+FFFD:
+    they are not text, and the tokenizer cannot encode them.
+    """
+    line = _SURROGATES.sub("\ufffd", line.replace("\ufeff", ""))
     line = "".join(" " if unicodedata.category(ch) == "Cc" else ch for ch in line)
     return _SPACES.sub(" ", line).strip()
 
