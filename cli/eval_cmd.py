@@ -43,6 +43,8 @@ def run_eval(checkpoint: Path | None, split: str | None, src: Path | None, ref: 
     cfg = loaded.cfg
     if src is not None and ref is not None:
         sources, references, name = _read(src), _read(ref), src.name
+        if len(sources) != len(references):
+            fail(f"{src} has {len(sources)} lines but {ref} has {len(references)}; give one reference per source line")
     else:
         if data_dir:
             cfg.data.path = data_dir
