@@ -7,6 +7,7 @@ exits with code 2.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import List, Optional
 
@@ -26,14 +27,23 @@ def train(
     resume: bool = typer.Option(False, "--resume", help="Continue from the run's newest checkpoint"),
     overwrite: bool = typer.Option(False, "--overwrite", help="Delete an existing run directory of the same name first"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar (for scripts)"),
+    nproc: int = typer.Option(1, "--nproc", min=1, help="Processes on this machine, one per GPU (DDP via torchrun)"),
 ) -> None:
     """Train a model; checkpoints go to runs/<name>/."""
     with user_errors():
         from transformer.config import load
-        from transformer.train import Trainer
 
         overrides = list(set_) + ([f"data.path={data_dir}"] if data_dir else [])
-        result = Trainer(load(config, overrides), resume=resume, overwrite=overwrite, quiet=quiet).run()
+        cfg = load(config, overrides)  # a config error stops here, once, before any process starts
+        if nproc > 1:
+            from transformer.distributed import launch
+
+            flags = [f"--set={s}" for s in overrides] + ["--resume"] * resume + ["--overwrite"] * overwrite
+            code = launch(nproc, ["train", f"--config={config}", *flags, *["--quiet"] * quiet])
+            raise typer.Exit(code)
+        from transformer.train import Trainer
+
+        result = Trainer(cfg, resume=resume, overwrite=overwrite, quiet=quiet).run()
     if result.exit_code:
         raise typer.Exit(result.exit_code)
 
@@ -80,6 +90,61 @@ def eval_(
         if (src is None) != (ref is None) and hyp is None:
             fail("--src and --ref go together; give both, or neither to use the config's test split")
         run_eval(checkpoint, split, src, ref, hyp, beam, data_dir, device, precision, runs)
+
+
+@app.command()
+def average(
+    run: Path = typer.Argument(..., help="Run directory, e.g. runs/base"),
+    last: int = typer.Option(5, "--last", min=1, help="How many of the newest step checkpoints to average"),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Checkpoint to write (default: <run>/avg<K>)"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --output"),
+) -> None:
+    """Average the weights of a run's last K checkpoints (the paper averaged the last 5) into a new checkpoint."""
+    with user_errors():
+        from transformer.average import average as average_checkpoints
+
+        path = average_checkpoints(run, last, output or run / f"avg{last}", overwrite)
+    print(f"averaged the last {last} checkpoints of {run} into {path}", file=sys.stderr)
+
+
+@app.command()
+def plot(
+    run: Path = typer.Argument(..., help="Run directory, e.g. runs/base"),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="PNG to write (default: <run>/training.png)"),
+) -> None:
+    """Draw train/valid loss, learning rate and valid BLEU against steps from log.jsonl (needs matplotlib)."""
+    with user_errors():
+        from transformer.plots import plot_training
+
+        path = plot_training(run, output)
+    print(path)
+
+
+@app.command()
+def attention(
+    sentence: str = typer.Argument(..., help="Source sentence; it is translated greedily first"),
+    layer: Optional[int] = typer.Option(None, "--layer", min=1, help="Layer, 1..N (default: the last)"),
+    head: str = typer.Option("all", "--head", help="Head, 1..h, or 'all' for a grid of every head"),
+    self_: Optional[str] = typer.Option(None, "--self", help="encoder|decoder: self-attention instead of cross-attention"),
+    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Checkpoint directory (default: newest run's best)"),
+    output: Path = typer.Option(Path("attention.png"), "--output", "-o", help="PNG to write"),
+    runs: Path = typer.Option(Path("runs"), "--runs", help="Where to look for the newest run"),
+) -> None:
+    """Draw a heatmap of encoder-decoder attention (or --self attention) for one sentence (needs matplotlib)."""
+    with user_errors():
+        if self_ not in (None, "encoder", "decoder"):
+            fail(f"--self takes encoder or decoder, not '{self_}'")
+        if head != "all" and not (head.isdigit() and int(head) >= 1):
+            fail(f"--head takes a head number from 1 or 'all', not '{head}'")
+        from transformer import checkpoint as ckpt
+        from transformer.plots import attention_maps, plot_attention
+
+        loaded = ckpt.load(checkpoint or ckpt.newest(runs), "cpu")
+        d = loaded.cfg.decode
+        maps = attention_maps(loaded.model, loaded.tokenizer, sentence, self_ or "cross",
+                              -1 if layer is None else layer - 1, d.max_len_a, d.max_len_b)
+        path = plot_attention(maps, output, None if head == "all" else int(head) - 1)
+    print(path)
 
 
 def main() -> None:

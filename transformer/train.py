@@ -6,6 +6,9 @@ greedy BLEU) runs every ``eval_every`` updates; the best BLEU is kept in
 ``<run>/best``, the last ``keep_last`` resumable checkpoints in
 ``<run>/checkpoints/step_N``. SIGINT or SIGTERM finishes the current update,
 saves a resumable checkpoint and stops; a second signal stops at once.
+
+Under torchrun each of W processes runs ``accumulate`` of an update's ``accumulate x W`` batches
+(DistributedDataParallel, see transformer.distributed); rank 0 alone logs, validates and saves.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any, Callable
 import torch
 from tqdm import tqdm
 
-from transformer import checkpoint
+from transformer import checkpoint, distributed
 from transformer.errors import UserError
 from transformer.batching import Batch, EncodedCorpus, collate, encode_corpus, make_batches
 from transformer.config import Config, dump, to_dict
@@ -91,7 +94,7 @@ class Trainer:
         self.quiet = quiet
         self.log = log or (lambda msg: print(msg, file=sys.stderr))
         self.run_dir = cfg.out_dir
-        self.device = resolve_device(cfg.device)
+        self.device = distributed.local_device(resolve_device(cfg.device))
         check_precision(cfg.precision, self.device)
         self.state = TrainState()
         self.stop_signal: int | None = None
@@ -153,25 +156,34 @@ class Trainer:
         self.log(f"{signal.Signals(signum).name}: finishing this update, then saving a resumable checkpoint "
                  "(interrupt again to stop at once)")
 
+    def _agree_on_stop(self) -> None:
+        """Ranks stop together: each takes the latest signal and the longest elapsed time any rank has seen."""
+        signum, elapsed = distributed.all_max([self.stop_signal or 0, self.state.elapsed])
+        self.stop_signal = int(signum) or None
+        self.state.elapsed = elapsed
+
     def _micro_loss(self, batch: Batch, total_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         with autocast(self.cfg.precision, self.device):
-            logits = self.model(batch.src, batch.tgt_in)
+            logits = self.ddp(batch.src, batch.tgt_in)
         loss_sum, nll_sum = label_smoothed_nll(logits, batch.tgt_out, self.cfg.train.label_smoothing, self.tokenizer.pad_id)
         return loss_sum / total_tokens, nll_sum
 
     def _update(self, micro: list[list[int]]) -> tuple[float, float, int] | None:
         """One optimizer update over micro-batches; returns (loss, nll per token, target tokens) or None if skipped."""
         pin = self.device.type == "cuda"
-        batches = [collate(self.train_enc, idx, self.tokenizer, self.cfg.train.pad_multiple) for idx in micro]
-        total = sum(b.n_tokens for b in batches)
-        loss_total = torch.zeros((), device=self.device)
-        nll_total = torch.zeros((), device=self.device)
-        for b in batches:
+        mine = distributed.shard(micro)  # this rank's batches: all of them in a single process
+        batches = [collate(self.train_enc, idx, self.tokenizer, self.cfg.train.pad_multiple) for idx, _ in mine]
+        total = distributed.target_tokens(self.train_enc.tgt_lengths, micro)  # the whole update's, on every rank
+        world = distributed.world_size()
+        sums = torch.zeros(2, device=self.device)  # this rank's share of the update's loss and nll
+        for k, (b, (_, weight)) in enumerate(zip(batches, mine)):
             b = b.to(self.device, non_blocking=pin)
-            loss, nll = self._micro_loss(b, total)
-            self.scaler.scale(loss).backward()
-            loss_total += loss.detach()
-            nll_total += nll.detach()
+            with distributed.sync_unless(self.ddp, skip=k < len(batches) - 1):
+                loss, nll = self._micro_loss(b, total)
+                # DDP averages gradients over ranks: x world makes it their sum. A filler batch weighs 0.
+                self.scaler.scale(loss * (weight * world)).backward()
+            sums += torch.stack([loss.detach(), nll.detach()]) * weight
+        loss_total, nll_total = distributed.all_sum(sums)
         self.scaler.unscale_(self.optimizer)
         clip = self.cfg.train.clip_norm if self.cfg.train.clip_norm > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
@@ -189,6 +201,8 @@ class Trainer:
         return float(loss_total), float(nll_total) / total, total
 
     def _record(self, entry: dict[str, Any]) -> None:
+        if not distributed.is_main():
+            return
         with open(self.run_dir / "log.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(entry) + "\n")
 
@@ -227,10 +241,15 @@ class Trainer:
         }
 
     def _save(self, reason: str) -> None:
-        meta = {"step": self.state.step, "best_bleu": self.state.best_bleu, "reason": reason}
-        path = self.run_dir / "checkpoints" / f"{checkpoint.STEP_PREFIX}{self.state.step}"
-        checkpoint.save(path, self.cfg, self.tokenizer, self.model, meta, self._trainer_state())
-        checkpoint.prune(self.run_dir, self.cfg.train.keep_last)
+        """A resumable checkpoint, written by rank 0 with every rank's RNG state; the other ranks wait."""
+        rank_rng = distributed.gather_rng(self.device)
+        if distributed.is_main():
+            meta = {"step": self.state.step, "best_bleu": self.state.best_bleu, "reason": reason}
+            path = self.run_dir / "checkpoints" / f"{checkpoint.STEP_PREFIX}{self.state.step}"
+            state = self._trainer_state() | ({"rank_rng": rank_rng} if rank_rng else {})
+            checkpoint.save(path, self.cfg, self.tokenizer, self.model, meta, state)
+            checkpoint.prune(self.run_dir, self.cfg.train.keep_last)
+        distributed.barrier()
 
     def _restore(self, ckpt_dir: Path) -> None:
         self.model.load_state_dict(checkpoint.load(ckpt_dir, self.device).model.state_dict())
@@ -241,9 +260,17 @@ class Trainer:
         torch.set_rng_state(saved["cpu_rng"])
         if saved["cuda_rng"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(saved["cuda_rng"])
+        distributed.restore_rng(saved.get("rank_rng"), self.device, self.cfg.seed, self.state.step, self.log)
         self.log(f"resumed from {ckpt_dir} at step {self.state.step}")
 
-    def _evaluate_and_keep_best(self) -> dict[str, float]:
+    def _evaluate_and_keep_best(self) -> None:
+        """Rank 0 validates and keeps the best; every rank then holds its verdict (for early stopping)."""
+        if distributed.is_main():
+            self._validate_and_keep_best()
+        verdict = distributed.from_main((self.state.best_bleu, self.state.evals_without_gain))
+        self.state.best_bleu, self.state.evals_without_gain = verdict
+
+    def _validate_and_keep_best(self) -> dict[str, float]:
         metrics = self.validate()
         self._record({"step": self.state.step, "kind": "valid", **metrics})
         if metrics["valid_bleu"] > self.state.best_bleu:
@@ -258,21 +285,41 @@ class Trainer:
         return metrics
 
     def run(self) -> Result:
-        """Train until max_steps, max_epochs, max_minutes, early stopping or a signal; always leave a checkpoint."""
+        """Train until max_steps, max_epochs, max_minutes, early stopping or a signal; always leave a checkpoint.
+
+        Under torchrun every process runs this; they train one model together (see transformer.distributed).
+        """
+        distributed.init(self.device)
+        try:
+            if not distributed.is_main():
+                self.log, self.quiet = (lambda msg: None), True
+            elif note := distributed.unused_gpus_note(self.device):
+                self.log(note)
+            return self._run()
+        finally:
+            distributed.close()
+
+    def _run(self) -> Result:
         cfg, t = self.cfg, self.cfg.train
-        resume_from = self._prepare_run_dir()
+        resume_from = distributed.from_main(self._prepare_run_dir() if distributed.is_main() else None)
         tokenizer = None
         if resume_from is not None:
             self._check_resume_compatible(resume_from)
             tokenizer = Tokenizer.load(resume_from / checkpoint.TOKENIZER)
         torch.manual_seed(cfg.seed)
-        self.tokenizer, self.train_enc, self.valid, self.valid_enc = self._load_data(tokenizer)
+        with distributed.main_first():  # rank 0 trains and saves the tokenizer; the others read it
+            if tokenizer is None and not distributed.is_main():
+                tokenizer = Tokenizer.load(self.run_dir / checkpoint.TOKENIZER)
+            self.tokenizer, self.train_enc, self.valid, self.valid_enc = self._load_data(tokenizer)
         self.model = checkpoint.build_model(cfg, self.tokenizer).to(self.device)
+        self.ddp = distributed.wrap(self.model, self.device)
+        distributed.seed_dropout(cfg.seed)
         fused = self.device.type == "cuda"
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.0, betas=tuple(t.betas), eps=t.eps,
                                           weight_decay=t.weight_decay, fused=fused or None)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16")
-        (self.run_dir / checkpoint.CONFIG).write_text(dump(cfg), encoding="utf-8")
+        if distributed.is_main():
+            (self.run_dir / checkpoint.CONFIG).write_text(dump(cfg), encoding="utf-8")
         if resume_from is not None:
             self._restore(resume_from)
             if self.state.step >= t.max_steps:
@@ -299,7 +346,7 @@ class Trainer:
                 stop = None
                 while self.state.batch_in_epoch < len(batches):
                     i = self.state.batch_in_epoch
-                    micro = batches[i:i + t.accumulate]
+                    micro = batches[i:i + t.accumulate * distributed.world_size()]  # the update's, all ranks'
                     out = self._update(micro)
                     self.state.batch_in_epoch = i + len(micro)
                     self.state.step += 1
@@ -333,6 +380,7 @@ class Trainer:
                             stop = "early_stopping"
                     if self.state.step % t.save_every == 0:
                         self._save("periodic")
+                    self._agree_on_stop()
                     if self.stop_signal is not None:
                         stop = "signal"
                     elif self.state.step >= t.max_steps:

@@ -1,0 +1,88 @@
+"""Pictures: each is a valid PNG of the documented size; without matplotlib, one clear error line.
+
+The drawing tests are skipped only where matplotlib is missing (it is in the dev extra, so CI runs them).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+from importlib.util import find_spec
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+from tiny import tiny_config
+from transformer import checkpoint, plots
+from transformer.corpus import load_split
+from transformer.tokenizer import train_tokenizer
+
+needs_matplotlib = pytest.mark.skipif(find_spec("matplotlib") is None, reason="matplotlib not installed (tfm[plot])")
+SENTENCE = "Ein Mann fährt Fahrrad."
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """(width, height) from the PNG signature and IHDR header; fails on anything that is not a PNG."""
+    head = Path(path).read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR", "not a PNG"
+    return struct.unpack(">II", head[16:24])
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    """An untrained tiny model (h=2, N=1) saved as a checkpoint: enough to draw its attention."""
+    root = tmp_path_factory.mktemp("plots")
+    cfg = tiny_config(root, decode={"max_len_b": 4})
+    tok = train_tokenizer(cfg.tokenizer, load_split(cfg.data, "train"))
+    return checkpoint.save(root / "ckpt", cfg, tok, checkpoint.build_model(cfg, tok), {"step": 0})
+
+
+@needs_matplotlib
+def test_training_curves_png(tmp_path):
+    entries = [{"step": s, "kind": "train", "loss": 5 / s, "lr": 1e-3 * min(1, s / 4)} for s in range(1, 9)]
+    entries += [{"step": s, "kind": "valid", "valid_loss": 6 / s, "valid_bleu": 3.0 * s} for s in (4, 8)]
+    entries.append({"step": 8, "kind": "train", "loss": 0.6, "lr": 1e-3})  # a resumed run repeats a step
+    lines = [json.dumps(e) for e in entries] + ['{"step": 9, "kin']  # and a line cut short by a crash
+    (tmp_path / "log.jsonl").write_text("\n".join(lines) + "\n")
+    out = plots.plot_training(tmp_path)
+    assert out == tmp_path / "training.png" and png_size(out) == plots.CURVES_SIZE
+    assert [e["loss"] for e in plots.read_log(tmp_path)["train"]][-1] == 0.6
+
+
+@needs_matplotlib
+def test_attention_one_head_and_all_heads(ckpt, tmp_path):
+    loaded = checkpoint.load(ckpt)
+    maps = plots.attention_maps(loaded.model, loaded.tokenizer, SENTENCE, "cross", max_len_b=4)
+    assert maps.weights.shape == (2, len(maps.rows), len(maps.cols))
+    assert maps.cols[-1] == "<END>" and maps.rows[-1] == "<END>"
+    assert png_size(plots.plot_attention(maps, tmp_path / "one.png", head=1)) == plots.PANEL_SIZE
+    assert png_size(plots.plot_attention(maps, tmp_path / "all.png")) == (2 * plots.PANEL_SIZE[0], plots.PANEL_SIZE[1])
+    encoder = plots.attention_maps(loaded.model, loaded.tokenizer, SENTENCE, "encoder")
+    assert encoder.rows == encoder.cols == maps.cols
+    decoder = plots.attention_maps(loaded.model, loaded.tokenizer, SENTENCE, "decoder", max_len_b=4)
+    assert decoder.cols[0] == "<START>" and len(decoder.cols) == len(decoder.rows)
+
+
+@needs_matplotlib
+def test_cli_attention_and_plot(ckpt, tmp_path):
+    cli = CliRunner()
+    out = tmp_path / "self.png"
+    r = cli.invoke(app, ["attention", SENTENCE, "--checkpoint", str(ckpt), "--layer", "1", "--head", "2",
+                         "--self", "decoder", "--output", str(out)])
+    assert r.exit_code == 0, r.output
+    assert png_size(out) == plots.PANEL_SIZE
+    r = cli.invoke(app, ["attention", SENTENCE, "--checkpoint", str(ckpt), "--layer", "2"])
+    assert r.exit_code == 2 and "layer 2 does not exist; the model has layers 1..1" in r.output
+    r = cli.invoke(app, ["plot", str(tmp_path)])
+    assert r.exit_code == 2 and "log.jsonl not found" in r.output
+
+
+def test_missing_matplotlib_is_one_clear_error(ckpt, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import now raises ImportError
+    r = CliRunner().invoke(app, ["attention", SENTENCE, "--checkpoint", str(ckpt), "--output", str(tmp_path / "a.png")])
+    assert r.exit_code == 2
+    assert r.output.strip().splitlines()[-1] == ("error: drawing needs matplotlib, which is not installed; "
+                                                 "pip install 'tfm[plot]'")

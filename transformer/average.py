@@ -1,0 +1,46 @@
+"""Checkpoint averaging: the mean of the weights of a run's last K step checkpoints.
+
+The paper averaged the last 5 checkpoints (written every 10 minutes) for its base models and the
+last 20 for the big ones. The mean is taken in float64, one checkpoint at a time, and written as
+an ordinary checkpoint directory (config, tokenizer, weights, meta; no trainer state), so that
+``tfm translate`` and ``tfm eval`` take it like any other.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from transformer import checkpoint
+from transformer.checkpoint import CheckpointError
+
+
+def average(run_dir: str | Path, last: int, output: str | Path, overwrite: bool = False) -> Path:
+    """Average the newest ``last`` checkpoints of ``run_dir/checkpoints`` into the checkpoint ``output``."""
+    run_dir, output = Path(run_dir), Path(output)
+    if last < 1:
+        raise CheckpointError(f"--last must be at least 1, got {last}")
+    dirs = checkpoint.step_dirs(run_dir)
+    if not dirs:
+        raise CheckpointError(f"no step checkpoints in {run_dir}/checkpoints; pass a run directory such as runs/<name>")
+    if len(dirs) < last:
+        raise CheckpointError(f"{run_dir} keeps only {len(dirs)} step checkpoints ({', '.join(d.name for d in dirs)}); "
+                              f"use --last {len(dirs)} or train with a larger train.keep_last")
+    if output.exists() and not overwrite:
+        raise CheckpointError(f"{output} already exists; pass --overwrite to replace it or choose another --output")
+    chosen = dirs[-last:]
+    newest = checkpoint.load(chosen[-1])
+    sums = {k: v.double() for k, v in newest.model.state_dict().items() if v.is_floating_point()}
+    for path in chosen[:-1]:
+        loaded = checkpoint.load(path)
+        if loaded.tokenizer.fingerprint() != newest.tokenizer.fingerprint() or loaded.cfg.model != newest.cfg.model:
+            raise CheckpointError(f"{path} and {chosen[-1]} come from different models or tokenizers; "
+                                  "average only checkpoints of one run")
+        for k, v in loaded.model.state_dict().items():
+            if k in sums:
+                sums[k] += v.double()
+    state = newest.model.state_dict()
+    newest.model.load_state_dict({**state, **{k: (s / last).to(state[k].dtype) for k, s in sums.items()}})
+    meta = {"step": newest.meta.get("step"), "averaged": [p.name for p in chosen], "reason": "average"}
+    return checkpoint.save(output, newest.cfg, newest.tokenizer, newest.model, meta)

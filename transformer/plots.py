@@ -1,0 +1,184 @@
+"""Pictures: a run's training curves, and attention heatmaps of one translated sentence.
+
+matplotlib is an optional extra (``pip install 'tfm[plot]'``); it is imported only when a picture
+is drawn, through its object API (``Figure``), so no pyplot state or GUI backend is touched.
+Figures have a fixed size in pixels: ``CURVES_SIZE`` for the curves, ``PANEL_SIZE`` per attention
+head, heads in rows of at most ``GRID_COLUMNS``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from transformer.errors import UserError
+from transformer.model import Transformer
+from transformer.search import greedy_search
+from transformer.tokenizer import Tokenizer
+from transformer.translator import clean_line
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+DPI = 100
+CURVES_SIZE = (1200, 360)  # pixels: loss, learning rate, validation BLEU side by side
+PANEL_SIZE = (450, 400)  # pixels per attention head
+GRID_COLUMNS = 4
+ATTENTION_KINDS = ("cross", "encoder", "decoder")
+
+
+class PlotError(UserError, RuntimeError):
+    """A picture cannot be drawn; the message says why and what to do."""
+
+
+def _figure(pixels: tuple[int, int]) -> Figure:
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise PlotError("drawing needs matplotlib, which is not installed; pip install 'tfm[plot]'") from None
+    return Figure(figsize=(pixels[0] / DPI, pixels[1] / DPI), dpi=DPI)
+
+
+def _save(fig: Figure, output: Path) -> Path:
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(output, format="png", dpi=DPI)
+    return output
+
+
+# ----- training curves ------------------------------------------------------------------------------------
+
+
+def read_log(run_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
+    """The run's ``log.jsonl`` as 'train' and 'valid' entries by step; a resumed run's repeated steps keep the last."""
+    path = Path(run_dir) / "log.jsonl"
+    if not path.is_file():
+        raise PlotError(f"{path} not found; pass a run directory such as runs/<name> (tfm train writes log.jsonl)")
+    by_step: dict[str, dict[int, dict[str, Any]]] = {"train": {}, "valid": {}}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a crash
+        if isinstance(entry, dict) and entry.get("kind") in by_step and "step" in entry:
+            by_step[entry["kind"]][entry["step"]] = entry
+    if not by_step["train"] and not by_step["valid"]:
+        raise PlotError(f"{path} has no training or validation entries yet; train for train.log_every steps first")
+    return {kind: [entries[s] for s in sorted(entries)] for kind, entries in by_step.items()}
+
+
+def _series(entries: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    kept = [e for e in entries if isinstance(e.get(key), (int, float))]
+    return [e["step"] for e in kept], [e[key] for e in kept]
+
+
+def plot_training(run_dir: str | Path, output: str | Path | None = None) -> Path:
+    """Training and validation loss, learning rate and validation BLEU against steps; returns the PNG's path."""
+    run_dir = Path(run_dir)
+    log = read_log(run_dir)
+    fig = _figure(CURVES_SIZE)
+    loss_ax, lr_ax, bleu_ax = fig.subplots(1, 3)
+    loss_ax.plot(*_series(log["train"], "loss"), label="train", linewidth=1)
+    loss_ax.plot(*_series(log["valid"], "valid_loss"), "o-", label="valid", markersize=3)
+    loss_ax.set(title="label-smoothed loss", xlabel="step")
+    loss_ax.legend()
+    lr_ax.plot(*_series(log["train"], "lr"), color="tab:green", linewidth=1)
+    lr_ax.set(title="learning rate", xlabel="step")
+    lr_ax.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
+    bleu_ax.plot(*_series(log["valid"], "valid_bleu"), "o-", color="tab:red", markersize=3)
+    bleu_ax.set(title="validation BLEU (greedy)", xlabel="step")
+    for ax in (loss_ax, lr_ax, bleu_ax):
+        ax.grid(alpha=0.3)
+    fig.suptitle(run_dir.name, fontsize=10)
+    fig.tight_layout()
+    return _save(fig, Path(output) if output is not None else run_dir / "training.png")
+
+
+# ----- attention ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class AttentionMaps:
+    """One sentence's attention probabilities in one layer: weights [h, rows, cols] and the tokens on each axis."""
+
+    kind: str
+    layer: int
+    weights: torch.Tensor
+    rows: list[str]
+    cols: list[str]
+    translation: str
+
+
+def _names(tokenizer: Tokenizer, ids: list[int]) -> list[str]:
+    return [tokenizer.id_to_token(i) or "?" for i in ids]
+
+
+def attention_maps(model: Transformer, tokenizer: Tokenizer, sentence: str, kind: str = "cross", layer: int = -1,
+                   max_len_a: float = 1.0, max_len_b: int = 50) -> AttentionMaps:
+    """Translate ``sentence`` greedily, then return the attention of one layer (0-based; -1 = last) of ``kind``.
+
+    'cross' (encoder-decoder): rows are the target tokens produced, columns the source tokens (with
+    <END>, as the model reads it). 'encoder': source by source. 'decoder': rows the tokens produced,
+    columns the decoder's inputs (<START> and the tokens before).
+    """
+    if kind not in ATTENTION_KINDS:
+        raise PlotError(f"attention kind '{kind}' unknown; choose one of {', '.join(ATTENTION_KINDS)}")
+    n_layers = len(model.encoder.layers)
+    if not -n_layers <= layer < n_layers:
+        raise PlotError(f"layer {layer + 1} does not exist; the model has layers 1..{n_layers}")
+    ids = tokenizer.encode(clean_line(sentence))
+    if not ids:
+        raise PlotError("the sentence is empty; give a sentence to translate")
+    device = next(model.parameters()).device
+    src_ids = ids + [tokenizer.end_id]
+    src = torch.tensor([src_ids], device=device)
+    hyp = greedy_search(model, src, tokenizer.start_id, tokenizer.end_id, max_len_a, max_len_b)[0]
+    tgt_in = torch.tensor([[tokenizer.start_id, *hyp.tokens]], device=device)
+    model.eval()
+    weights = model.attention_weights(src, tgt_in)[kind][layer][0].float().cpu()
+    src_tokens = _names(tokenizer, src_ids)
+    produced = _names(tokenizer, [*hyp.tokens, tokenizer.end_id])
+    inputs = _names(tokenizer, tgt_in[0].tolist())
+    rows, cols = {"cross": (produced, src_tokens), "encoder": (src_tokens, src_tokens),
+                  "decoder": (produced, inputs)}[kind]
+    return AttentionMaps(kind, layer % n_layers, weights, rows, cols, tokenizer.decode(hyp.tokens))
+
+
+def _heatmap(fig: Figure, ax: Axes, maps: AttentionMaps, head: int) -> None:
+    image = ax.imshow(maps.weights[head].numpy(), cmap="viridis", vmin=0.0, aspect="auto")
+    size = max(4.0, min(9.0, 170 / max(len(maps.rows), len(maps.cols))))
+    ax.set_xticks(range(len(maps.cols)), maps.cols, rotation=90, fontsize=size)
+    ax.set_yticks(range(len(maps.rows)), maps.rows, fontsize=size)
+    ax.set_title(f"layer {maps.layer + 1}, head {head + 1}", fontsize=9)
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.02)
+
+
+def attention_size(n_heads: int) -> tuple[int, int]:
+    """The picture's size in pixels for ``n_heads`` panels."""
+    cols = min(n_heads, GRID_COLUMNS)
+    return PANEL_SIZE[0] * cols, PANEL_SIZE[1] * math.ceil(n_heads / cols)
+
+
+def plot_attention(maps: AttentionMaps, output: str | Path, head: int | None = None) -> Path:
+    """A heatmap of one head (0-based), or of every head in a grid when ``head`` is None; returns the PNG's path."""
+    n_heads = maps.weights.size(0)
+    if head is not None and not 0 <= head < n_heads:
+        raise PlotError(f"head {head + 1} does not exist; the model has heads 1..{n_heads} (or 'all')")
+    heads = list(range(n_heads)) if head is None else [head]
+    fig = _figure(attention_size(len(heads)))
+    cols = min(len(heads), GRID_COLUMNS)
+    axes = fig.subplots(math.ceil(len(heads) / cols), cols, squeeze=False).flatten()
+    for ax, h in zip(axes, heads):
+        _heatmap(fig, ax, maps, h)
+    for ax in axes[len(heads):]:
+        ax.set_visible(False)
+    what = {"cross": "encoder-decoder attention", "encoder": "encoder self-attention",
+            "decoder": "decoder self-attention"}[maps.kind]
+    fig.suptitle(f"{what}: \u2192 {maps.translation}", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, Path(output))
