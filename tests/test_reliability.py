@@ -465,7 +465,8 @@ def test_eval_refuses_files_of_different_line_counts(ckpt, tmp_path):
     src.write_text("Ein Hund.\nDie Frau.\n", encoding="utf-8")
     r = CliRunner().invoke(app, ["eval", "--checkpoint", str(ckpt), "--src", str(src), "--ref", str(ref),
                                  "--device", "cpu", "--beam", "1"])
-    assert r.exit_code == 2 and "2 hypotheses but 3 references" in _one_error_line(r.stderr)
+    assert r.exit_code == 2 and "src.de has 2 lines but" in _one_error_line(r.stderr)
+    assert not (ckpt / "eval").exists()
 
 
 # ----- arbitrary Unicode ---------------------------------------------------------------------------------------
