@@ -1,7 +1,8 @@
 """Shared fixtures: the shipped sample corpus, Multi30k (from TFM_MULTI30K) and a tokenizer trained on it.
 
-TFM_MULTI30K defaults to ``<repo>/../shared/data/multi30k``; a relative value is taken from the
-repository root, and is made absolute so the library finds it from any working directory.
+TFM_MULTI30K defaults to ``<repo>/../shared/data/multi30k`` and TFM_TATOEBA (the English-Chinese
+folder holding cmn-eng.tsv.gz) to ``<repo>/../shared/data/tatoeba-cmn-eng``; a relative value is
+taken from the repository root, and is made absolute so the library finds it from any working directory.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from transformer.tokenizer import Tokenizer, train_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ["TFM_MULTI30K"] = str((REPO / os.environ.get("TFM_MULTI30K", "../shared/data/multi30k")).resolve())
+os.environ["TFM_TATOEBA"] = str((REPO / os.environ.get("TFM_TATOEBA", "../shared/data/tatoeba-cmn-eng")).resolve())
 
 
 @pytest.fixture(scope="session")

@@ -50,6 +50,7 @@ class DataConfig:
     test_split: str = "test_2016_flickr"
     hf_config: str | None = None
     hf_field: str | None = None
+    tsv_columns: list[str] | None = None  # languages of a header-less TSV's columns, e.g. [en, zh]
     holdout: list[int] | None = None
     split_seed: int = 1
     max_len: int = 100
@@ -253,6 +254,10 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"data.src_lang and data.tgt_lang are both '{cfg.data.src_lang}'; pick two languages")
     if m.tie_embeddings and not cfg.tokenizer.joint:
         raise ConfigError("model.tie_embeddings needs tokenizer.joint: true; set one of them to the other's value")
+    cols = cfg.data.tsv_columns
+    if cols is not None and (len(set(cols)) != len(cols) or {cfg.data.src_lang, cfg.data.tgt_lang} - set(cols)):
+        raise ConfigError(f"data.tsv_columns {cols} must name each column once, including data.src_lang "
+                          f"'{cfg.data.src_lang}' and data.tgt_lang '{cfg.data.tgt_lang}', e.g. [en, zh]")
     if cfg.data.holdout is not None and (len(cfg.data.holdout) != 2 or min(cfg.data.holdout) < 1):
         raise ConfigError("data.holdout must be [valid_size, test_size], both at least 1")
     if len(cfg.train.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.train.betas):

@@ -47,6 +47,7 @@ class Corpus:
     name: str
     dropped_empty: int = 0
     fingerprint: str = ""  # identifies the content for caches; "" means hash the text when needed
+    split_record: dict[str, object] | None = None  # how data.holdout cut this split (see _holdout)
 
     def __len__(self) -> int:
         return len(self.src)
@@ -104,7 +105,12 @@ def load_split(cfg: DataConfig, split: str) -> Corpus:
 
 
 def _holdout(cfg: DataConfig, split: str) -> Corpus:
-    """Cut one corpus (its train split) into train/valid/test with a seeded permutation."""
+    """Cut one corpus (its train split) into train/valid/test with a seeded permutation.
+
+    The cut depends only on the number of pairs and ``split_seed``, never on the direction, so
+    en->zh and zh->en runs on one file hold out the same pairs. ``split_record`` writes it down:
+    sizes, seed and a SHA-256 of each held-out split's row numbers, for the run directory.
+    """
     names = [cfg.train_split, cfg.valid_split, cfg.test_split]
     if split not in names:
         raise DataError(f"split '{split}' is unknown with data.holdout; use one of {', '.join(names)}")
@@ -117,7 +123,21 @@ def _holdout(cfg: DataConfig, split: str) -> Corpus:
     rows = np.sort(part.get(split, perm[n_valid + n_test :]))
     key = _hash([full.fingerprint, split, cfg.split_seed, cfg.holdout])
     dropped = full.dropped_empty if split == cfg.train_split else 0
-    return Corpus(_subset(full.src, rows), _subset(full.tgt, rows), f"{cfg.format}:{split}", dropped, key)
+    record = {
+        "path": cfg.path,
+        "pairs": len(full),
+        "dropped_empty": full.dropped_empty,
+        "split_seed": cfg.split_seed,
+        "method": "numpy.random.default_rng(split_seed).permutation(pairs): valid first, then test, rest train",
+        "sizes": {cfg.train_split: len(full) - n_valid - n_test, cfg.valid_split: n_valid, cfg.test_split: n_test},
+        "rows_sha256": {name: _rows_hash(part[name]) for name in (cfg.valid_split, cfg.test_split)},
+    }
+    return Corpus(_subset(full.src, rows), _subset(full.tgt, rows), f"{cfg.format}:{split}", dropped, key, record)
+
+
+def _rows_hash(rows: np.ndarray) -> str:
+    """SHA-256 of sorted 0-based row numbers (of the pairs left after empty ones are dropped), comma-joined."""
+    return hashlib.sha256(",".join(map(str, np.sort(rows).tolist())).encode()).hexdigest()
 
 
 def _subset(seq: Sequence[str], rows: np.ndarray) -> Sequence[str]:
@@ -170,7 +190,8 @@ def _text_pairs(src: Path, tgt: Path) -> Iterator[tuple[str, str]]:
 
 
 def _tsv_pairs(path: Path, cfg: DataConfig) -> Iterator[tuple[str, str]]:
-    """Pairs from tab-separated columns: source then target, unless a header row names the languages."""
+    """Pairs from tab-separated columns, found by a header row naming the languages, else by
+    ``data.tsv_columns`` (so one header-less file serves both directions), else source then target."""
     lines = _lines(path)
     first = next(lines, None)
     if first is None:
@@ -179,7 +200,8 @@ def _tsv_pairs(path: Path, cfg: DataConfig) -> Iterator[tuple[str, str]]:
     if cfg.src_lang in header and cfg.tgt_lang in header:
         i, j, start, body = header.index(cfg.src_lang), header.index(cfg.tgt_lang), 2, lines
     else:
-        i, j, start, body = 0, 1, 1, chain([first], lines)
+        order = cfg.tsv_columns or [cfg.src_lang, cfg.tgt_lang]
+        i, j, start, body = order.index(cfg.src_lang), order.index(cfg.tgt_lang), 1, chain([first], lines)
     for n, line in enumerate(body, start):
         cols = line.split("\t")
         if not line.strip():
@@ -312,7 +334,7 @@ def _collect(pairs: Iterator[tuple[str, str]], cfg: DataConfig, split: str, file
     """Gather pairs into lists, or into a cached Arrow file when the files are large."""
     name = f"{cfg.format}:{split}"
     stats = [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
-    key = _hash([name, stats, cfg.src_lang, cfg.tgt_lang, cfg.hf_field, cfg.lowercase])
+    key = _hash([name, stats, cfg.src_lang, cfg.tgt_lang, cfg.hf_field, cfg.tsv_columns, cfg.lowercase])
     size = sum(f.stat().st_size * (_GZ_RATIO if f.suffix == ".gz" else 1) for f in files)
     if size > ARROW_ABOVE_BYTES:
         return _arrow_corpus(_clean(pairs, cfg.lowercase), name, key)

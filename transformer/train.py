@@ -124,6 +124,8 @@ class Trainer:
         train = load_split(d, d.train_split)
         valid = load_split(d, d.valid_split)
         self.log(f"data: {len(train):,} training pairs ({train.dropped_empty} empty dropped), {len(valid):,} valid")
+        if train.split_record is not None and distributed.is_main():  # data.holdout: which pairs were held out
+            (self.run_dir / "split.json").write_text(json.dumps(train.split_record, indent=2) + "\n", encoding="utf-8")
         if tokenizer is None:
             tokenizer = train_tokenizer(self.cfg.tokenizer, train)
             tokenizer.save(self.run_dir / checkpoint.TOKENIZER)
