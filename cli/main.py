@@ -3,10 +3,17 @@
 Library modules are imported inside each command so that ``tfm --help`` answers
 without loading torch. Every error a user can fix is printed as one line and
 exits with code 2.
+
+Idle OpenMP threads spin briefly, then sleep (``GOMP_SPINCOUNT=10000`` for torch's libgomp,
+unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set): libgomp's default spin (300,000 rounds)
+made training and beam search 2-5x slower, at times far more, on a CPU shared with other
+torch processes, while sleeping at once (OMP_WAIT_POLICY=PASSIVE) cost 10-40% on an idle
+one. bench/run.py's levers and contended sections measure all three.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -14,6 +21,9 @@ from typing import List, Optional
 import typer
 
 from cli.errors import fail, user_errors
+
+if "OMP_WAIT_POLICY" not in os.environ:  # read once, when torch loads its OpenMP runtime
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Train and run the translation Transformer of 'Attention Is All You Need'.")
@@ -144,6 +154,21 @@ def attention(
         maps = attention_maps(loaded.model, loaded.tokenizer, sentence, self_ or "cross",
                               -1 if layer is None else layer - 1, d.max_len_a, d.max_len_b)
         path = plot_attention(maps, output, None if head == "all" else int(head) - 1)
+    print(path)
+
+
+@app.command()
+def export(
+    checkpoint: Path = typer.Option(..., "--checkpoint", help="Checkpoint directory, e.g. runs/small/best"),
+    output: Path = typer.Option(..., "--output", "-o", help="Directory to write the exported model into"),
+    format_: str = typer.Option("ctranslate2", "--format", help="ctranslate2 (needs pip install ctranslate2)"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --output"),
+) -> None:
+    """Convert a checkpoint for another inference engine (CTranslate2), weights and vocabulary included."""
+    with user_errors():
+        from transformer.export import export as export_checkpoint
+
+        path = export_checkpoint(checkpoint, output, format_, overwrite)
     print(path)
 
 

@@ -43,13 +43,13 @@ class Batch:
     tgt_tokens: int | None = None  # non-pad target tokens, known on the CPU when collate builds the batch
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
-        """The same batch on ``device``."""
-        return Batch(
-            self.src.to(device, non_blocking=non_blocking),
-            self.tgt_in.to(device, non_blocking=non_blocking),
-            self.tgt_out.to(device, non_blocking=non_blocking),
-            self.n_tokens,
-        )
+        """The same batch on ``device``; non_blocking to CUDA goes through pinned memory, so the copy is async."""
+        pin = non_blocking and torch.device(device).type == "cuda"
+
+        def move(t: Tensor) -> Tensor:
+            return (t.pin_memory() if pin and t.device.type == "cpu" else t).to(device, non_blocking=non_blocking)
+
+        return Batch(move(self.src), move(self.tgt_in), move(self.tgt_out), self.n_tokens)
 
     @property
     def n_tokens(self) -> int:

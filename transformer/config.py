@@ -116,7 +116,7 @@ class Config:
     seed: int = 1
     device: str = "auto"
     precision: str = "fp32"
-    compile: bool = False
+    compile: bool = False  # kept so older config.yaml files load; true is refused (see validate)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
@@ -240,6 +240,9 @@ def validate(cfg: Config) -> Config:
         value = _get(cfg, key)
         if not ok(value):
             raise ConfigError(f"{key}: {value!r} is out of range; it must be {want}")
+    if cfg.compile:
+        raise ConfigError("compile: true is not supported: torch.compile made the small model's training step "
+                          "0.7x as fast on a 2-core CPU, after minutes of compiling (bench/run.py); set compile: false")
     m = cfg.model
     if m.d_model % m.h:
         raise ConfigError(f"model.d_model ({m.d_model}) must be divisible by model.h ({m.h}); change one of them")

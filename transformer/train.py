@@ -31,7 +31,7 @@ from transformer.errors import UserError
 from transformer.batching import Batch, EncodedCorpus, collate, encode_corpus, make_batches
 from transformer.config import Config, dump, to_dict
 from transformer.corpus import Corpus, load_split
-from transformer.device import autocast, check_precision, resolve_device
+from transformer.device import autocast, check_precision, fused_adam, resolve_device
 from transformer.evaluate import score
 from transformer.loss import label_smoothed_nll
 from transformer.schedule import learning_rate
@@ -193,14 +193,17 @@ class Trainer:
         lr = learning_rate(step, self.cfg.train, self.cfg.model.d_model)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        finite = bool(torch.isfinite(grad_norm) & torch.isfinite(loss_total))
+        # The update's one host sync, a copy of three numbers: skipping a non-finite update and counting
+        # bad ones need the verdict on the host, and the loss values come along, so nothing else waits.
+        ok = torch.isfinite(grad_norm) & torch.isfinite(loss_total)
+        loss_value, nll_value, finite = torch.stack([loss_total.float(), nll_total.float(), ok.float()]).tolist()
         if finite:
             self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         if not finite:
             return None
-        return float(loss_total), float(nll_total) / total, total
+        return loss_value, nll_value / total, total
 
     def _record(self, entry: dict[str, Any]) -> None:
         if not distributed.is_main():
@@ -316,7 +319,7 @@ class Trainer:
         self.model = checkpoint.build_model(cfg, self.tokenizer).to(self.device)
         self.ddp = distributed.wrap(self.model, self.device)
         distributed.seed_dropout(cfg.seed)
-        fused = self.device.type == "cuda"
+        fused = fused_adam(self.device)  # CUDA, and CPU where torch has it: one kernel for all parameters
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.0, betas=tuple(t.betas), eps=t.eps,
                                           weight_decay=t.weight_decay, fused=fused or None)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16")
