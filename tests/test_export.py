@@ -1,0 +1,88 @@
+"""``tfm export --format ctranslate2``: CTranslate2 must run exactly tfm's network (skipped without ctranslate2)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tiny import ROOT, tiny_config
+from transformer import checkpoint
+from transformer.export import ExportError, export
+from transformer.search import greedy_search
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+
+LINES = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "Eine Frau liest ein Buch.", "Hallo"]
+
+
+@pytest.fixture(params=[False, True], ids=["post-norm", "pre-norm"])
+def saved(request, tmp_path, sample_tokenizer):
+    """A randomly initialised tiny checkpoint (post- or pre-norm) and its loaded form."""
+    cfg = tiny_config(tmp_path, model={"norm_first": request.param, "dropout": 0.0})
+    torch.manual_seed(0)
+    model = checkpoint.build_model(cfg, sample_tokenizer)
+    path = checkpoint.save(tmp_path / "ckpt", cfg, sample_tokenizer, model, {"step": 0})
+    return path, checkpoint.load(path)
+
+
+def _tokens(tok, ids: list[int]) -> list[str]:
+    return [tok.id_to_token(i) for i in ids]
+
+
+def test_ctranslate2_scores_match_tfm(saved, tmp_path):
+    path, loaded = saved
+    out = export(path, tmp_path / "ct2")
+    tok, model = loaded.tokenizer, loaded.model.eval()
+    translator = ctranslate2.Translator(str(out), device="cpu")
+    src = [tok.encode(line) for line in LINES]
+    tgt = [tok.encode(t) for t in ["A man rides a bike.", "Two dogs.", "A woman reads a book.", "Hello"]]
+    scored = translator.score_batch([_tokens(tok, s) for s in src], [_tokens(tok, t) for t in tgt])
+    for s, t, result in zip(src, tgt, scored):
+        with torch.no_grad():
+            logits = model(torch.tensor([s + [tok.end_id]]), torch.tensor([[tok.start_id] + t]))
+        want = logits.log_softmax(-1)[0].gather(-1, torch.tensor(t + [tok.end_id])[:, None])[:, 0]
+        assert result.log_probs == pytest.approx(want.tolist(), abs=1e-4)
+
+
+def test_ctranslate2_greedy_matches_tfm(saved, tmp_path):
+    path, loaded = saved
+    out = export(path, tmp_path / "ct2")
+    tok = loaded.tokenizer
+    translator = ctranslate2.Translator(str(out), device="cpu")
+    for line in LINES:
+        ids = tok.encode(line)
+        ours = greedy_search(loaded.model, torch.tensor([ids + [tok.end_id]]), tok.start_id, tok.end_id,
+                             max_len_b=10)[0].tokens
+        theirs = translator.translate_batch([_tokens(tok, ids)], beam_size=1,
+                                            max_decoding_length=len(ids) + 1 + 10)[0].hypotheses[0]
+        assert _tokens(tok, ours) == theirs
+
+
+def test_export_refuses_to_overwrite_and_unknown_formats(saved, tmp_path):
+    path, _ = saved
+    export(path, tmp_path / "ct2")
+    with pytest.raises(ExportError, match="already exists"):
+        export(path, tmp_path / "ct2")
+    export(path, tmp_path / "ct2", overwrite=True)
+    with pytest.raises(ExportError, match="unknown export format"):
+        export(path, tmp_path / "other", fmt="onnx")
+
+
+def test_tfm_export_command(saved, tmp_path):
+    """`tfm export` writes the model and prints its folder; an unknown format is a user error (exit 2)."""
+    path, _ = saved
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def tfm(*args):
+        return subprocess.run([sys.executable, "-m", "cli", "export", "--checkpoint", str(path), *args],
+                              env=env, capture_output=True, text=True, timeout=300)
+
+    ok = tfm("--output", str(tmp_path / "ct2"))
+    assert ok.returncode == 0, ok.stderr
+    assert (tmp_path / "ct2" / "model.bin").is_file() and ok.stdout.strip() == str(tmp_path / "ct2")
+    bad = tfm("--output", str(tmp_path / "other"), "--format", "onnx")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: unknown export format")
