@@ -1,0 +1,79 @@
+"""What every benchmark here shares: interleaved timing, medians, the machine's description, Multi30k.
+
+Timings on a shared machine swing by tens of percent, so tfm and its peer run in alternation
+(tfm, peer, peer, tfm, ...: the order flips each round so neither always runs first) and each is
+summarised by its median; the ratio of two systems is the median of the per-round ratios.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+# As the tfm command does (cli/main.py): idle OpenMP threads spin briefly, then sleep. Set before torch
+# loads, for torch in this process (tfm and transformers alike; CTranslate2 has its own runtime, see
+# decode_speed). Export OMP_WAIT_POLICY or GOMP_SPINCOUNT to choose otherwise.
+OMP_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+OMP_DEFAULTED = not any(k in os.environ for k in OMP_KEYS)
+if OMP_DEFAULTED:
+    os.environ["GOMP_SPINCOUNT"] = "10000"
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import torch  # noqa: E402
+
+from transformer.config import Config, load  # noqa: E402
+
+DEFAULT_DATA = os.environ.get("TFM_MULTI30K", str(ROOT.parent / "shared" / "data" / "multi30k"))
+
+
+def interleave(systems: dict[str, Callable[[int], float | None]], rounds: int) -> dict[str, list[float]]:
+    """Run ``systems[name](round)`` for each round, alternating the order; returns each one's seconds per round.
+
+    A system may return its own measured seconds (to leave set-up out), or None to be timed whole.
+    """
+    names = list(systems)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            start = time.perf_counter()
+            took = systems[name](r)
+            times[name].append(took if took is not None else time.perf_counter() - start)
+    return times
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def paired_ratio(slow: list[float], fast: list[float]) -> float:
+    """Median over rounds of slow[i] / fast[i]: how many times faster ``fast`` was, round by round."""
+    return statistics.median(s / f for s, f in zip(slow, fast))
+
+
+def machine() -> dict[str, object]:
+    """The hardware and software every figure depends on."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "python": platform.python_version(), "load_avg_1min": round(os.getloadavg()[0], 2),
+            **{k.lower(): os.environ.get(k) for k in OMP_KEYS},
+            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+
+
+def shape_config(shape: str, data: str) -> Config:
+    """configs/<shape>.yaml with the Multi30k folder ``data``."""
+    return load(ROOT / "configs" / f"{shape}.yaml", [f"data.path={data}"])

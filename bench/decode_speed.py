@@ -1,0 +1,194 @@
+"""Decoding speed on Multi30k test_2016_flickr: tfm, transformers' ``generate`` and CTranslate2, same weights.
+
+All three run the checkpoint's network: tfm as trained; a same-shape MarianMTModel with tfm's
+tensors copied in (bench/marian_peer.py); CTranslate2 on the model ``tfm export --format
+ctranslate2`` writes. All three use tfm's tokenizer, get the same batches (test sentences sorted
+by length, cut into batches of 1 or 32) and are timed text in, text out. Output tokens are counted
+the same way for all: the tokenizer's tokens of the output text.
+
+Threads: tfm decodes as its Translator does (one CPU thread for batches under 64 rows, else all);
+the peers use torch's thread count (2 here). CTranslate2 loads its own OpenMP runtime with its default
+waiting; transformers shares torch's runtime with tfm, so both run with the short spin this process sets
+(bench/common.py; export OMP_WAIT_POLICY or GOMP_SPINCOUNT to choose another for both).
+
+Both peers decode up to the batch's longest limit; their outputs are then cut to tfm's per-sentence
+limit (a * source length + b tokens), which greedy search makes exact (a looping sentence ends there).
+Beam search differs in one convention: tfm divides by the GNMT penalty ((5 + len) / 6) ** 0.6,
+transformers and CTranslate2 by len ** ``length_penalty``; both peers stop a sentence once it has
+``beam`` finished hypotheses, as tfm does. Greedy search is the same algorithm in all three.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from common import OMP_DEFAULTED, interleave, median, paired_ratio
+from marian_peer import build_marian, copy_tfm_weights
+from transformer import checkpoint
+from transformer.evaluate import score
+from transformer.export import export
+from transformer.translator import Translator
+
+Decoder = Callable[[list[str], int], list[str]]
+
+
+@dataclass
+class Setting:
+    """One row of the decoding table: search and batch size."""
+
+    beam: int
+    batch: int
+
+
+def tfm_decoder(loaded: checkpoint.Loaded, precision: str = "fp32") -> Decoder:
+    """tfm's Translator; each call's lines form one batch."""
+    decode = replace(loaded.cfg.decode, batch_tokens=10**9)
+    t = Translator(loaded.model, loaded.tokenizer, decode, loaded.cfg.model.max_positions, torch.device("cpu"),
+                   precision)
+    return lambda lines, beam: [x.best for x in t.translate_chunk(lines, beam=beam)]
+
+
+def _limits(ids: list[list[int]], a: float, b: int) -> list[int]:
+    """tfm's most output tokens per sentence for sources ``ids`` (without <END>)."""
+    return [int(a * (len(x) + 1) + b) for x in ids]
+
+
+def _until_end(row: list[int], end_id: int, limit: int) -> list[int]:
+    return (row[: row.index(end_id)] if end_id in row else row)[:limit]
+
+
+def marian_decoder(loaded: checkpoint.Loaded, length_penalty: float) -> Decoder:
+    """transformers' ``generate`` on a MarianMTModel holding tfm's weights."""
+    tok, d = loaded.tokenizer, loaded.cfg.decode
+    peer = copy_tfm_weights(build_marian(loaded.cfg.model, tok), loaded.model).eval()
+
+    def run(lines: list[str], beam: int) -> list[str]:
+        ids = tok.encode_batch(lines)
+        limits = _limits(ids, d.max_len_a, d.max_len_b)
+        src = torch.full((len(ids), max(map(len, ids)) + 1), tok.pad_id, dtype=torch.long)
+        for row, x in enumerate(ids):
+            src[row, : len(x) + 1] = torch.tensor(x + [tok.end_id])
+        stop = {"early_stopping": True, "length_penalty": length_penalty} if beam > 1 else {}
+        with torch.inference_mode():
+            out = peer.generate(input_ids=src, attention_mask=(src != tok.pad_id).long(), num_beams=beam,
+                                do_sample=False, max_new_tokens=max(limits) + 1,
+                                suppress_tokens=[tok.pad_id, tok.start_id], **stop)
+        rows = [_until_end(row[1:], tok.end_id, n) for row, n in zip(out.tolist(), limits)]  # [1:]: <START>
+        return tok.decode_batch(rows)
+
+    return run
+
+
+def _import_ctranslate2():
+    """ctranslate2, loaded under OpenMP's default waiting unless the user chose otherwise.
+
+    CTranslate2 ships its own libgomp, which reads the environment once, when it loads: so it runs as
+    its users run it, not with the short spin this process set for torch (and tfm).
+    """
+    saved = os.environ.pop("GOMP_SPINCOUNT", None) if OMP_DEFAULTED else None
+    try:
+        import ctranslate2
+    finally:
+        if saved is not None:
+            os.environ["GOMP_SPINCOUNT"] = saved
+    return ctranslate2
+
+
+def ct2_decoder(loaded: checkpoint.Loaded, folder: Path, length_penalty: float) -> Decoder:
+    """CTranslate2 (fp32) on the model ``tfm export --format ctranslate2`` writes into ``folder``."""
+    ctranslate2 = _import_ctranslate2()
+    tok, d = loaded.tokenizer, loaded.cfg.decode
+    export(loaded.path, folder, overwrite=True)
+    translator = ctranslate2.Translator(str(folder), device="cpu", inter_threads=1,
+                                       intra_threads=torch.get_num_threads())
+    vocab = [tok.id_to_token(i) for i in range(tok.vocab_size)]
+    index = {t: i for i, t in enumerate(vocab)}
+
+    def run(lines: list[str], beam: int) -> list[str]:
+        ids = tok.encode_batch(lines)
+        limits = _limits(ids, d.max_len_a, d.max_len_b)
+        out = translator.translate_batch([[vocab[i] for i in x] for x in ids], beam_size=beam,
+                                         length_penalty=length_penalty, max_decoding_length=max(limits) + 1)
+        return tok.decode_batch([[index[t] for t in r.hypotheses[0]][:n] for r, n in zip(out, limits)])
+
+    return run
+
+
+def batches(lines: list[str], tok, setting: Setting, count: int, seed: int = 0) -> list[list[int]]:
+    """``count`` batches of line indices: batch 32 cuts the length-sorted set (order shuffled); batch 1 samples."""
+    rng = random.Random(seed)
+    if setting.batch == 1:
+        return [[i] for i in rng.sample(range(len(lines)), min(count, len(lines)))]
+    lengths = [len(x) for x in tok.encode_batch(lines)]
+    order = sorted(range(len(lines)), key=lambda i: lengths[i])
+    cut = [order[k : k + setting.batch] for k in range(0, len(order), setting.batch)]
+    rng.shuffle(cut)
+    return cut[:count]
+
+
+def measure(systems: dict[str, Decoder], lines: list[str], refs: list[str], tok, tgt_lang: str, setting: Setting,
+            rounds: int, per_round: int) -> dict[str, dict[str, float]]:
+    """Sentences/s, tokens/s (medians over rounds), BLEU on the sentences decoded, and time ratios to tfm."""
+    groups = batches(lines, tok, setting, rounds * per_round)
+    rounds = len(groups) // per_round
+    outputs: dict[str, dict[int, str]] = {name: {} for name in systems}
+    for name, system in systems.items():  # warm-up
+        system([lines[i] for i in groups[0]], setting.beam)
+
+    def timed(name: str) -> Callable[[int], None]:
+        def run(r: int) -> None:
+            for g in groups[r * per_round : (r + 1) * per_round]:
+                for i, text in zip(g, systems[name]([lines[i] for i in g], setting.beam)):
+                    outputs[name][i] = text
+        return run
+
+    times = interleave({name: timed(name) for name in systems}, rounds)
+    done = sorted(outputs["tfm"])
+    result = {}
+    for name, ts in times.items():
+        per = [groups[r * per_round : (r + 1) * per_round] for r in range(rounds)]
+        sents = [sum(map(len, p)) for p in per]
+        toks = [sum(len(x) for x in tok.encode_batch([outputs[name][i] for g in p for i in g])) for p in per]
+        bleu = score([outputs[name][i] for i in done], [refs[i] for i in done], tgt_lang).bleu
+        result[name] = {"sentences_per_s": median([n / t for n, t in zip(sents, ts)]),
+                        "tokens_per_s": median([n / t for n, t in zip(toks, ts)]),
+                        "bleu": bleu, "sentences": len(done),
+                        "tfm_speedup": paired_ratio(ts, times["tfm"])}
+    return result
+
+
+def peers(loaded: checkpoint.Loaded, workdir: str | None = None) -> dict[str, Decoder]:
+    """tfm and both peers, ready to decode; the peers length-normalise with the checkpoint's alpha."""
+    length_penalty = loaded.cfg.decode.alpha
+    folder = Path(workdir or tempfile.mkdtemp(prefix="tfm-ct2-")) / "ct2"
+    return {"tfm": tfm_decoder(loaded), "transformers": marian_decoder(loaded, length_penalty),
+            "ctranslate2": ct2_decoder(loaded, folder, length_penalty)}
+
+
+def agreement(loaded: checkpoint.Loaded, lines: list[str], refs: list[str], workdir: str) -> dict[str, dict[str, float]]:
+    """Beam 5, batch 32 over all ``lines`` with no length normalisation in any system (alpha 0, length_penalty 0).
+
+    Without the one convention that differs, the three should translate alike: the share of
+    outputs identical to tfm's, and each one's BLEU.
+    """
+    plain = replace(loaded, cfg=replace(loaded.cfg, decode=replace(loaded.cfg.decode, alpha=0.0)))
+    systems = {"tfm": tfm_decoder(plain), "transformers": marian_decoder(plain, 0.0),
+               "ctranslate2": ct2_decoder(plain, Path(workdir) / "ct2", 0.0)}
+    groups = batches(lines, loaded.tokenizer, Setting(5, 32), len(lines))
+    outputs = {}
+    for name, system in systems.items():
+        out: dict[int, str] = {}
+        for g in groups:
+            out.update(zip(g, system([lines[i] for i in g], 5)))
+        outputs[name] = [out[i] for i in range(len(lines))]
+    tgt = loaded.cfg.data.tgt_lang
+    return {name: {"bleu": score(texts, refs, tgt).bleu,
+                   "identical_to_tfm": sum(a == b for a, b in zip(texts, outputs["tfm"])) / len(lines)}
+            for name, texts in outputs.items()}

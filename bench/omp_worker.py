@@ -1,0 +1,61 @@
+"""A fixed piece of tfm work, timed in a fresh process so that its OpenMP settings come from the environment.
+
+bench/levers.py runs it under libgomp's default waiting, the short spin the ``tfm`` command sets
+(GOMP_SPINCOUNT=10000) and OMP_WAIT_POLICY=PASSIVE. It must not import bench/common.py, which sets
+the spin count. Prints one JSON line:
+seconds for beam-5 search of a batch of 32 sentences, and for training steps of 1,500 tokens.
+Run: python bench/omp_worker.py CHECKPOINT DATA_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from transformer import checkpoint  # noqa: E402
+from transformer.batching import collate, encode_corpus, make_batches  # noqa: E402
+from transformer.corpus import load_split  # noqa: E402
+from transformer.loss import label_smoothed_nll  # noqa: E402
+from transformer.search import beam_search  # noqa: E402
+
+SENTENCES = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "Eine Frau liest ein Buch im Park.",
+             "Kinder spielen Fußball auf einer Wiese."] * 8
+
+
+def main(ckpt: str, data: str) -> None:
+    loaded = checkpoint.load(ckpt)
+    tok, model = loaded.tokenizer, loaded.model
+    ids = [tok.encode(s) + [tok.end_id] for s in SENTENCES]
+    src = torch.tensor([x + [tok.pad_id] * (max(map(len, ids)) - len(x)) for x in ids])
+    beam_search(model, src[:2], tok.start_id, tok.end_id, beam=5)  # warm-up
+    start = time.perf_counter()
+    beam_search(model, src, tok.start_id, tok.end_id, beam=5)
+    decode_s = time.perf_counter() - start
+
+    cfg = loaded.cfg
+    cfg.data.path = data
+    cache = Path(tempfile.gettempdir()) / "tfm-bench-cache"
+    enc = encode_corpus(load_split(cfg.data, cfg.data.valid_split), tok, cfg.data.max_len, cache)
+    batches = [collate(enc, idx, tok) for idx in make_batches(enc, 1500, 0, 0)[:4]]
+    opt = torch.optim.Adam(model.parameters(), lr=1e-5)
+    model.train()
+    times = []
+    for b in batches:
+        start = time.perf_counter()
+        loss, _ = label_smoothed_nll(model(b.src, b.tgt_in), b.tgt_out, 0.1, tok.pad_id)
+        (loss / b.n_tokens).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - start)
+    print(json.dumps({"decode_s": decode_s, "train_s": sum(times[1:])}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

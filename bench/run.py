@@ -1,0 +1,232 @@
+"""The benchmark suite: tfm against its peers, measured side by side in one run; prints a table, writes JSON.
+
+Sections (all by default, or pick with --sections):
+  train    training throughput, tfm vs a same-shape MarianMTModel (bench/train_speed.py), small and base
+           shapes, fp32 and bf16 autocast, MFU against matmul peaks measured in this run
+  decode   tfm vs transformers' generate vs CTranslate2 on tfm's weights (bench/decode_speed.py)
+  startup  wall-clock and CPU seconds of `tfm --help` and `tfm translate "..."` (bench/startup.py)
+  memory   peak RSS of `tfm translate` on 1,000 test lines, and on 10,000 streamed lines
+  levers   each speed-up measured alone, without and with it (bench/levers.py)
+  contended  the OpenMP waiting lever again while 3 other torch processes keep the CPU busy
+  compile  torch.compile against eager training (not in the default: compiling takes minutes)
+Decoding needs a trained model: pass --checkpoint, or a small one is trained first for --train-minutes.
+--quick: fewer rounds, the small shape only, 3,000 lines for the memory test.
+
+Run: .venv/bin/python bench/run.py [--quick] [--checkpoint DIR] [--data DIR] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from common import DEFAULT_DATA, ROOT, machine, shape_config
+
+import torch  # noqa: E402  (common set the OpenMP policy first)
+
+import decode_speed  # noqa: E402
+import levers  # noqa: E402
+import startup  # noqa: E402
+import train_speed  # noqa: E402
+from flops import matmul_peak  # noqa: E402
+from transformer import checkpoint  # noqa: E402
+from transformer.config import DataConfig  # noqa: E402
+from transformer.corpus import load_split  # noqa: E402
+
+TARGETS = {"train_vs_marian": 1.3, "bf16_vs_fp32": 1.5, "decode_vs_generate": 2.0, "ct2_vs_tfm": 1.5,
+           "bleu_gap": 0.2, "help_s": 1.0, "translate_s": 3.0, "rss_growth": 1.1}
+
+
+def train_checkpoint(data: str, runs: Path, minutes: float) -> Path:
+    """Train configs/small.yaml on Multi30k for ``minutes`` (validation only at the end); return its best."""
+    name = "bench-small"
+    sets = [f"data.path={data}", f"run_dir={runs}", f"name={name}", f"train.max_minutes={minutes}",
+            "train.eval_every=1000000000", "train.save_every=1000000000"]
+    args = [*startup.tfm_command(), "train", "--config", str(ROOT / "configs" / "small.yaml"), "--overwrite", "--quiet"]
+    print(f"training a small model for {minutes:g} min: {' '.join(args)} --set {' --set '.join(sets)}", flush=True)
+    subprocess.run([*args, *[x for s in sets for x in ("--set", s)]], cwd=ROOT, check=True)
+    return runs / name / "best"
+
+
+def run_train(args: argparse.Namespace, tok, peaks: dict[str, float]) -> list[dict[str, Any]]:
+    rows = []
+    for shape in ("small",) if args.quick else ("small", "base"):
+        cfg = shape_config(shape, args.data)
+        batches = train_speed.bench_batches(cfg, tok, 8, str(args.runs / ".cache"))
+        rounds = (4 if args.quick else 8) if shape == "small" else (2 if args.quick else 5)
+        for precision in ("fp32", "bf16"):
+            dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+            peaks[precision] = max(peaks.get(precision, 0.0), matmul_peak(dtype))  # the best seen in the run
+            out = train_speed.measure(cfg, tok, batches, precision, rounds, 2)
+            row = {"shape": shape, "precision": precision, "ratio_vs_marian": out["ratio"],
+                   **{f"{name}_{k}": v for name in ("tfm", "marian") for k, v in vars(out[name]).items()}}
+            rows.append(row)
+            print(f"train {shape} {precision}: tfm {row['tfm_tgt_tok_s']:,.0f} tgt tok/s, Marian "
+                  f"{row['marian_tgt_tok_s']:,.0f}, ratio {row['ratio_vs_marian']:.2f}", flush=True)
+    for r in rows:
+        peak = max(peaks[r["precision"]], matmul_peak(torch.float32 if r["precision"] == "fp32" else torch.bfloat16))
+        peaks[r["precision"]] = peak
+    for r in rows:
+        for name in ("tfm", "marian"):
+            r[f"{name}_mfu"] = r[f"{name}_gflops"] / peaks[r["precision"]]
+    for shape in {r["shape"] for r in rows}:
+        fp32, bf16 = (next(r for r in rows if r["shape"] == shape and r["precision"] == p) for p in ("fp32", "bf16"))
+        bf16["bf16_vs_fp32"] = bf16["tfm_tgt_tok_s"] / fp32["tfm_tgt_tok_s"]
+    return rows
+
+
+def run_decode(args: argparse.Namespace, loaded, lines: list[str], refs: list[str]) -> list[dict[str, Any]]:
+    systems = decode_speed.peers(loaded, str(args.runs))
+    rows = []
+    for beam in (1, 5):
+        for batch in (32, 1):
+            per_round = 1 if batch == 32 else 4
+            rounds = (6 if args.quick else 40) if batch == 32 else (4 if args.quick else 25)
+            out = decode_speed.measure(systems, lines, refs, loaded.tokenizer, loaded.cfg.data.tgt_lang,
+                                       decode_speed.Setting(beam, batch), rounds, per_round)
+            rows.append({"beam": beam, "batch": batch, **out})
+            print(f"decode beam {beam} batch {batch}: " + ", ".join(
+                f"{k} {v['sentences_per_s']:.1f} sent/s BLEU {v['bleu']:.2f}" for k, v in out.items()), flush=True)
+    same = decode_speed.agreement(loaded, lines, refs, str(args.runs))
+    rows.append({"agreement_alpha0": same})
+    print(f"beam 5 without length normalisation: {same}", flush=True)
+    return rows
+
+
+def run_startup_memory(args: argparse.Namespace, ckpt: Path, sections: set[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if "startup" in sections:
+        out["help"] = startup.help_seconds(5)
+        out["help_imports_torch"] = startup.help_imports_torch()
+        out["translate"] = startup.translate_seconds(ckpt, 3)
+        print(f"startup: tfm --help {out['help']}, translate {out['translate']}", flush=True)
+    if "memory" in sections:
+        test = gzip.open(Path(args.data) / "test_2016_flickr.de.gz", "rt", encoding="utf-8").read().splitlines()
+        for n in (1000, 3000 if args.quick else 10000):
+            path = args.runs / f"lines{n}.de"
+            path.write_text("\n".join((test * (n // len(test) + 1))[:n]) + "\n", encoding="utf-8")
+            out[f"rss_{n}"] = startup.translate_memory(ckpt, path, [])
+            print(f"memory {n} lines: {out[f'rss_{n}']}", flush=True)
+    return out
+
+
+def _met(ok: bool) -> str:
+    return "yes" if ok else "NO"
+
+
+def table(result: dict[str, Any]) -> str:
+    """The human-readable summary: ratios first, then the absolute figures behind them."""
+    t, lines = TARGETS, []
+    add = lines.append
+    add(f"{'measurement':<60} {'tfm':>10} {'peer':>10} {'ratio':>7} {'target':>8} {'met':>4}")
+    for r in result.get("train", []):
+        name = f"train {r['shape']} {r['precision']} tgt tok/s vs Marian"
+        add(f"{name:<60} {r['tfm_tgt_tok_s']:>10,.0f} {r['marian_tgt_tok_s']:>10,.0f} {r['ratio_vs_marian']:>6.2f}x "
+            f"{'>=' + str(t['train_vs_marian']):>8} {_met(r['ratio_vs_marian'] >= t['train_vs_marian']):>4}")
+        add(f"{'  src+tgt tok/s; MFU':<60} {r['tfm_all_tok_s']:>10,.0f} {r['marian_all_tok_s']:>10,.0f} "
+            f"MFU {r['tfm_mfu']:.0%} vs {r['marian_mfu']:.0%}")
+        if "bf16_vs_fp32" in r:
+            add(f"{'  tfm bf16 vs tfm fp32':<60} {'':>10} {'':>10} {r['bf16_vs_fp32']:>6.2f}x "
+                f"{'>=' + str(t['bf16_vs_fp32']):>8} {_met(r['bf16_vs_fp32'] >= t['bf16_vs_fp32']):>4}")
+    for r in result.get("decode", []):
+        if "agreement_alpha0" in r:
+            a = r["agreement_alpha0"]
+            gap = abs(a["tfm"]["bleu"] - a["ctranslate2"]["bleu"])
+            add(f"{'same translation? beam 5, no length norm., BLEU':<60} {a['tfm']['bleu']:>10.2f} "
+                f"{a['transformers']['bleu']:>10.2f} {a['ctranslate2']['bleu']:>7.2f} ct2 gap {gap:.2f} "
+                f"{'(<=0.2 ' + _met(gap <= t['bleu_gap']) + ')'}")
+            add(f"{'  outputs identical to tfm: transformers, ctranslate2':<60} {'':>10} "
+                f"{a['transformers']['identical_to_tfm']:>10.1%} {a['ctranslate2']['identical_to_tfm']:>7.1%}")
+            continue
+        search = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
+        ours = r["tfm"]
+        for peer in ("transformers", "ctranslate2"):
+            p = r[peer]
+            name = f"decode {search} batch {r['batch']} sent/s vs {peer}"
+            if peer == "transformers":
+                target = t["decode_vs_generate"] if (r["beam"], r["batch"]) == (5, 32) else None
+                ok = None if target is None else p["tfm_speedup"] >= target
+                tgt = f">={target}" if target else ""
+            else:
+                ok, tgt = p["tfm_speedup"] >= 1 / t["ct2_vs_tfm"], f">={1 / t['ct2_vs_tfm']:.2f}"
+            add(f"{name:<60} {ours['sentences_per_s']:>10.1f} {p['sentences_per_s']:>10.1f} {p['tfm_speedup']:>6.2f}x "
+                f"{tgt:>8} {'' if ok is None else _met(ok):>4}")
+        add(f"{'  BLEU tfm / transformers / ctranslate2':<60} {ours['bleu']:>10.2f} {r['transformers']['bleu']:>10.2f} "
+            f"{r['ctranslate2']['bleu']:>7.2f}")
+        add(f"{'  target tok/s tfm / transformers / ctranslate2':<60} {ours['tokens_per_s']:>10,.0f} "
+            f"{r['transformers']['tokens_per_s']:>10,.0f} {r['ctranslate2']['tokens_per_s']:>7,.0f}")
+    s = result.get("startup_memory", {})
+    if "help" in s:
+        add(f"{'tfm --help wall s (CPU s); imports torch: ' + str(s['help_imports_torch']):<60} "
+            f"{s['help']['wall_s']:>10.2f} {s['help']['cpu_s']:>10.2f} {'':>7} {'<1 s':>8} "
+            f"{_met(s['help']['wall_s'] < t['help_s']):>4}")
+        label = 'tfm translate "..." wall s (CPU s)'
+        add(f"{label:<60} {s['translate']['wall_s']:>10.2f} "
+            f"{s['translate']['cpu_s']:>10.2f} {'':>7} {'<3 s':>8} {_met(s['translate']['wall_s'] < t['translate_s']):>4}")
+    big = [k for k in s if k.startswith("rss_") and k != "rss_1000"]
+    if "rss_1000" in s and big:
+        small, large = s["rss_1000"]["peak_rss_mb"], s[big[0]]["peak_rss_mb"]
+        add(f"{'peak RSS MB, 1,000 vs ' + big[0][4:] + ' lines (growth)':<60} {small:>10.0f} {large:>10.0f} "
+            f"{large / small:>6.2f}x {'<=' + str(t['rss_growth']):>8} {_met(large / small <= t['rss_growth']):>4}")
+    for r in result.get("levers", []):
+        same = "" if "same_output" not in r else (" same output" if r["same_output"] else " OUTPUT DIFFERS")
+        if "first_compiled_step_s" in r:
+            same += f", first step {r['first_compiled_step_s']:.0f} s"
+        add(f"{'lever: ' + r['lever']:<60} {r['with_s']:>10.3f} {r['without_s']:>10.3f} {r['speedup']:>6.2f}x "
+            f"{r['workload']}{same}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds, small shape only")
+    parser.add_argument("--checkpoint", type=Path, help="a trained small checkpoint for decoding")
+    parser.add_argument("--train-minutes", type=float, default=20.0, help="when no --checkpoint is given")
+    parser.add_argument("--data", default=DEFAULT_DATA, help="Multi30k folder")
+    parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "bench", help="scratch folder")
+    parser.add_argument("--json", type=Path, help="where to write the results (default: <runs>/results.json)")
+    parser.add_argument("--sections", default="train,decode,startup,memory,levers,contended")
+    args = parser.parse_args()
+    sections = set(args.sections.split(","))
+    args.runs.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    ckpt = args.checkpoint or train_checkpoint(args.data, args.runs, args.train_minutes)
+    loaded = checkpoint.load(ckpt)
+    test = load_split(DataConfig(format="multi30k", path=args.data), "test_2016_flickr")
+    lines, refs = list(test.src), list(test.tgt)
+    result: dict[str, Any] = {"command": " ".join(sys.argv), "machine": machine(), "checkpoint": str(ckpt),
+                              "checkpoint_step": loaded.meta.get("step"), "targets": TARGETS, "peaks_gflops": {}}
+    if "train" in sections:
+        result["train"] = run_train(args, loaded.tokenizer, result["peaks_gflops"])
+    if "decode" in sections:
+        result["decode"] = run_decode(args, loaded, lines, refs)
+    if sections & {"startup", "memory"}:
+        result["startup_memory"] = run_startup_memory(args, ckpt, sections)
+    if "levers" in sections:
+        rounds = 4 if args.quick else 8
+        cfg = shape_config("small", args.data)
+        batches = train_speed.bench_batches(cfg, loaded.tokenizer, 8, str(args.runs / ".cache"))
+        result["levers"] = (levers.omp_waiting(str(ckpt), args.data, 2 if args.quick else 4)
+                            + levers.training(cfg, loaded.tokenizer, batches, rounds)
+                            + levers.decoding(loaded, lines, rounds))
+    if "contended" in sections:
+        result.setdefault("levers", []).extend(levers.omp_waiting(str(ckpt), args.data, 2 if args.quick else 4, 3))
+    if "compile" in sections:
+        cfg = shape_config("small", args.data)
+        batches = train_speed.bench_batches(cfg, loaded.tokenizer, 8, str(args.runs / ".cache"))
+        result.setdefault("levers", []).append(levers.compiled(cfg, loaded.tokenizer, batches, 4 if args.quick else 8))
+    result["machine_after"] = machine()
+    result["minutes"] = (time.perf_counter() - start) / 60
+    out = args.json or args.runs / "results.json"
+    out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(f"\n{result['machine']}\n" + table(result) + f"\n\nJSON: {out} ({result['minutes']:.0f} min)")
+
+
+if __name__ == "__main__":
+    main()

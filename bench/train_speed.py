@@ -1,0 +1,108 @@
+"""Training throughput: tfm against Hugging Face's MarianMTModel of the same shape, on the same batches.
+
+One step = forward, label-smoothed loss (eps 0.1, fp32), backward, gradient clipping to norm 1,
+Adam (0.9, 0.98, 1e-9) and zero_grad, in train mode with dropout 0.1. Both systems get the same
+collated Multi30k batches of ~4,000 tokens and the same optimizer (fused Adam where torch has it, as
+tfm's Trainer uses). The loss is each system's own: tfm's ``label_smoothed_nll``; for the peer,
+PyTorch's ``F.cross_entropy(label_smoothing=0.1)``, what a transformers user writes. Steps alternate
+tfm/peer; the first ``warmup`` rounds are dropped; figures are medians over the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from common import interleave, median, paired_ratio
+from flops import train_flops
+from marian_peer import build_marian, marian_logits
+from transformer import checkpoint
+from transformer.batching import Batch, collate, encode_corpus, make_batches
+from transformer.config import Config
+from transformer.corpus import load_split
+from transformer.device import autocast, fused_adam
+from transformer.loss import label_smoothed_nll
+from transformer.tokenizer import Tokenizer
+
+CPU = torch.device("cpu")
+
+
+@dataclass
+class Stats:
+    """Median figures of one system in one setting."""
+
+    tgt_tok_s: float
+    all_tok_s: float
+    step_s: float
+    gflops: float  # model FLOPs per second achieved; MFU = gflops / the matmul peak
+
+
+def bench_batches(cfg: Config, tok: Tokenizer, count: int, cache: str) -> list[Batch]:
+    """``count`` shuffled training batches of ``cfg.train.batch_tokens`` tokens, collated once."""
+    data = encode_corpus(load_split(cfg.data, cfg.data.train_split), tok, cfg.data.max_len, cache)
+    order = make_batches(data, cfg.train.batch_tokens, cfg.seed, 0, shuffle=True)
+    return [collate(data, order[i], tok) for i in range(count)]
+
+
+def optimizer(model: torch.nn.Module, cfg: Config, fused: bool | None = None) -> torch.optim.Optimizer:
+    """Adam as the Trainer makes it (fused where torch has it, unless ``fused`` says otherwise)."""
+    t = cfg.train
+    fused = fused_adam(CPU) if fused is None else fused
+    return torch.optim.Adam(model.parameters(), lr=1e-4, betas=tuple(t.betas), eps=t.eps, fused=fused or None)
+
+
+def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor, clip: float) -> None:
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def tfm_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batches: list[Batch], precision: str, cfg: Config,
+             loss_fn: Callable = label_smoothed_nll) -> Callable[[int], None]:
+    """A function running tfm's training step r on batch r (cycling through ``batches``)."""
+    eps, clip = cfg.train.label_smoothing, cfg.train.clip_norm
+
+    def step(r: int) -> None:
+        b = batches[r % len(batches)]
+        with autocast(precision, CPU):
+            logits = model(b.src, b.tgt_in)
+        loss, _ = loss_fn(logits, b.tgt_out, eps, Tokenizer.PAD_ID)
+        _step(model, opt, loss / b.n_tokens, clip)
+
+    return step
+
+
+def measure(cfg: Config, tok: Tokenizer, batches: list[Batch], precision: str, rounds: int,
+            warmup: int) -> dict[str, Stats | float]:
+    """tfm and Marian steps alternated over ``batches``; per-system medians and the paired tfm/peer ratio."""
+    torch.manual_seed(cfg.seed)
+    ours = checkpoint.build_model(cfg, tok).train()
+    peer = build_marian(cfg.model, tok).train()
+    peer_opt = optimizer(peer, cfg)
+    eps, pad, clip = cfg.train.label_smoothing, tok.pad_id, cfg.train.clip_norm
+
+    def marian(r: int) -> None:
+        b = batches[r % len(batches)]
+        with autocast(precision, CPU):
+            logits = marian_logits(peer, b.src, b.tgt_in, pad)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), b.tgt_out.flatten(), ignore_index=pad,
+                               label_smoothing=eps, reduction="sum")
+        _step(peer, peer_opt, loss / b.n_tokens, clip)
+
+    tfm = tfm_step(ours, optimizer(ours, cfg), batches, precision, cfg)
+    times = interleave({"tfm": tfm, "marian": marian}, warmup + rounds)
+    used = [batches[r % len(batches)] for r in range(warmup, warmup + rounds)]
+    out: dict[str, Stats | float] = {}
+    for name, ts in times.items():
+        ts = ts[warmup:]
+        tgt = [b.n_tokens for b in used]
+        both = [b.n_tokens + int((b.src != pad).sum()) for b in used]
+        flops = [train_flops(cfg.model, tok.vocab_size, b.src.size(0), b.src.size(1), b.tgt_in.size(1)) for b in used]
+        out[name] = Stats(median([n / t for n, t in zip(tgt, ts)]), median([n / t for n, t in zip(both, ts)]),
+                          median(ts), median([f / t for f, t in zip(flops, ts)]) / 1e9)
+    out["ratio"] = paired_ratio(times["marian"][warmup:], times["tfm"][warmup:])
+    return out
