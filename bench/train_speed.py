@@ -3,7 +3,7 @@
 One step = forward, label-smoothed loss (eps 0.1, fp32), backward, gradient clipping to norm 1,
 Adam (0.9, 0.98, 1e-9) and zero_grad, in train mode with dropout 0.1. Both systems get the same
 collated Multi30k batches of ~4,000 tokens and the same optimizer (fused Adam where torch has it, as
-tfm's Trainer uses). The loss is each system's own: tfm's ``label_smoothed_nll``; for the peer,
+tfm's Trainer uses). The loss is each system's own: tfm's ``generator_loss`` (as its Trainer); for the peer,
 PyTorch's ``F.cross_entropy(label_smoothing=0.1)``, what a transformers user writes. Steps alternate
 tfm/peer; the first ``warmup`` rounds are dropped; figures are medians over the rest.
 """
@@ -24,7 +24,7 @@ from transformer.batching import Batch, collate, encode_corpus, make_batches
 from transformer.config import Config
 from transformer.corpus import load_split
 from transformer.device import autocast, fused_adam
-from transformer.loss import label_smoothed_nll
+from transformer.loss import generator_loss, label_smoothed_nll
 from transformer.tokenizer import Tokenizer
 
 CPU = torch.device("cpu")
@@ -62,15 +62,21 @@ def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor
 
 
 def tfm_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batches: list[Batch], precision: str, cfg: Config,
-             loss_fn: Callable = label_smoothed_nll) -> Callable[[int], None]:
-    """A function running tfm's training step r on batch r (cycling through ``batches``)."""
+             fused_loss: bool = True) -> Callable[[int], None]:
+    """A function running tfm's training step r on batch r (cycling through ``batches``), as the Trainer does.
+
+    fused_loss=False makes the logits whole and scores them with ``label_smoothed_nll`` instead.
+    """
     eps, clip = cfg.train.label_smoothing, cfg.train.clip_norm
 
     def step(r: int) -> None:
         b = batches[r % len(batches)]
         with autocast(precision, CPU):
-            logits = model(b.src, b.tgt_in)
-        loss, _ = loss_fn(logits, b.tgt_out, eps, Tokenizer.PAD_ID)
+            if fused_loss:
+                hidden = model(b.src, b.tgt_in, logits=False)
+                loss, _ = generator_loss(hidden, model.generator.weight, b.tgt_out, eps, Tokenizer.PAD_ID)
+            else:
+                loss, _ = label_smoothed_nll(model(b.src, b.tgt_in), b.tgt_out, eps, Tokenizer.PAD_ID)
         _step(model, opt, loss / b.n_tokens, clip)
 
     return step

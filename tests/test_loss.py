@@ -3,7 +3,7 @@
 import torch
 import torch.nn.functional as F
 
-from transformer.loss import label_smoothed_nll
+from transformer.loss import generator_loss, label_smoothed_nll
 
 
 def test_matches_torch_cross_entropy_and_ignores_pad():
@@ -28,16 +28,32 @@ def test_padding_logits_do_not_matter():
     assert torch.equal(label_smoothed_nll(logits, target, 0.1, 0)[0], label_smoothed_nll(changed, target, 0.1, 0)[0])
 
 
-def test_hand_written_gradient_matches_autograd_of_torch_cross_entropy():
+def test_generator_loss_equals_projection_then_loss_in_value_and_gradients():
+    """The fused path (300 rows: three chunks, the last one short) against logits made whole, fp32 and bf16."""
     torch.manual_seed(2)
-    for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
-        logits = torch.randn(2, 6, 13, dtype=dtype, requires_grad=True)
-        target = torch.randint(1, 13, (2, 6))
-        target[1, 4:] = 0
-        (got,) = torch.autograd.grad(label_smoothed_nll(logits, target, 0.1, 0)[0] * 0.5, logits)
-        want_loss = F.cross_entropy(logits.float().view(-1, 13), target.view(-1), ignore_index=0, label_smoothing=0.1,
-                                    reduction="sum")
-        (want,) = torch.autograd.grad(want_loss * 0.5, logits)
-        assert got.dtype == dtype
-        torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
-        assert not got[1, 4:].any()  # padding gets no gradient
+    for precision, tol in (("fp32", 1e-5), ("bf16", 2e-2)):
+        hidden = torch.randn(3, 100, 16, requires_grad=True)
+        weight = torch.randn(37, 16, requires_grad=True)
+        target = torch.randint(1, 37, (3, 100))
+        target[1, 60:] = 0
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
+        with autocast:
+            got = generator_loss(hidden, weight, target, 0.1, 0)
+        got_grads = torch.autograd.grad(got[0] * 0.5, (hidden, weight))
+        with autocast:
+            want = label_smoothed_nll(F.linear(hidden, weight), target, 0.1, 0)
+        want_grads = torch.autograd.grad(want[0] * 0.5, (hidden, weight))
+        for a, b in zip(got + got_grads, want + want_grads):
+            assert a.dtype == b.dtype
+            torch.testing.assert_close(a, b, atol=tol, rtol=tol)
+        assert not got_grads[0][1, 60:].any()  # padding positions get no gradient
+        assert not got[1].requires_grad  # the NLL is for logging
+
+
+def test_generator_loss_without_gradients():
+    hidden, weight = torch.randn(5, 8), torch.randn(11, 8)
+    target = torch.tensor([3, 4, 0, 5, 6])
+    with torch.inference_mode():
+        loss, nll = generator_loss(hidden, weight, target, 0.1, 0)
+    want = label_smoothed_nll(hidden @ weight.t(), target, 0.1, 0)
+    torch.testing.assert_close((loss, nll), want)

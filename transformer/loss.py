@@ -5,10 +5,11 @@ included (as ``nn.CrossEntropyLoss(label_smoothing=eps)`` does). Both values are
 sums over non-pad target tokens, so the caller divides by the token count of the
 whole update, however many micro-batches it spans.
 
-The loss is one autograd function with a hand-written backward,
-``(softmax - smoothed target) * keep``, computed in place from the saved log-probabilities:
-with an 8,000-token vocabulary the [tokens, V] tensors dominate the loss's cost, and autograd's
-chain (mean, gather, masked_fill, log_softmax backward) made about twice as many passes over them.
+``label_smoothed_nll`` scores logits (validation, and the reference in tests). Training uses
+``generator_loss``, which fuses the output projection with the loss: logits are made 128 rows at a
+time and turned into their gradient, ``(softmax - smoothed target) * keep``, while still in cache,
+so the [tokens, V] logits never exist whole. On the 2-core CPU this made the projection plus loss
+of a 4,000-token batch 1.5-1.8x faster (bench/levers.py), the small model's training step about 15%.
 """
 
 from __future__ import annotations
@@ -17,37 +18,74 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-
-class _SmoothedNLL(torch.autograd.Function):
-    """(smoothed loss sum, NLL sum) of logits [N, V] (any float dtype, computed in fp32) against target [N]."""
-
-    @staticmethod
-    def forward(ctx, logits: Tensor, target: Tensor, eps: float, pad_id: int) -> tuple[Tensor, Tensor]:
-        lprobs = F.log_softmax(logits.float(), dim=-1)
-        keep = target != pad_id
-        nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
-        smooth = -lprobs.mean(dim=-1)
-        nll_sum = nll.masked_fill(~keep, 0.0).sum()
-        loss = (1.0 - eps) * nll_sum + eps * smooth.masked_fill(~keep, 0.0).sum()
-        ctx.save_for_backward(lprobs, target, keep)
-        ctx.eps, ctx.in_dtype = eps, logits.dtype
-        ctx.mark_non_differentiable(nll_sum)
-        return loss, nll_sum
-
-    @staticmethod
-    def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor, None, None, None]:
-        lprobs, target, keep = ctx.saved_tensors
-        eps, V = ctx.eps, lprobs.size(-1)
-        scale = (keep.to(lprobs.dtype) * grad_loss).unsqueeze(-1)  # [N, 1]: 0 on padding
-        grad = torch.addcmul(scale * (-eps / V), lprobs.exp_(), scale)  # (softmax - eps/V) * scale
-        grad.scatter_add_(-1, target.unsqueeze(-1), scale * -(1.0 - eps))  # minus (1 - eps) at the target
-        return grad.to(ctx.in_dtype), None, None, None
+CHUNK = 128  # rows of logits made at once: 128 x 8,000 fp32 values fit a core's L2 cache
 
 
 def label_smoothed_nll(logits: Tensor, target: Tensor, eps: float, pad_id: int) -> tuple[Tensor, Tensor]:
-    """Return (smoothed loss sum, NLL sum) over the non-pad positions of ``target``; computed in fp32.
+    """Return (smoothed loss sum, NLL sum) over the non-pad positions of ``target``; computed in fp32."""
+    lprobs = F.log_softmax(logits.float(), dim=-1)
+    keep = target != pad_id
+    nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    smooth = -lprobs.mean(dim=-1)
+    nll_sum = nll.masked_fill(~keep, 0.0).sum()
+    smooth_sum = smooth.masked_fill(~keep, 0.0).sum()
+    return (1.0 - eps) * nll_sum + eps * smooth_sum, nll_sum
 
-    logits [..., V] and target [...]; only the loss carries a gradient (the NLL is for logging).
+
+class _GeneratorLoss(torch.autograd.Function):
+    """(smoothed loss sum, NLL sum) of ``hidden @ weight.T`` against target, gradients made in the forward pass.
+
+    hidden [N, d], weight [V, d], target [N]. Matmuls run in ``dtype`` (the autocast dtype, or the
+    inputs' own), softmax and loss in fp32. The backward only scales the saved gradients.
     """
-    loss, nll = _SmoothedNLL.apply(logits.reshape(-1, logits.size(-1)), target.reshape(-1), eps, pad_id)
-    return loss, nll
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, eps: float, pad_id: int, dtype: torch.dtype,
+                grads: bool) -> tuple[Tensor, Tensor]:
+        V = weight.size(0)
+        h, w = hidden.to(dtype), weight.to(dtype)
+        grad_h = torch.empty_like(h) if grads else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if grads else None
+        keep = (target != pad_id).float()
+        loss = hidden.new_zeros((), dtype=torch.float32)
+        nll = hidden.new_zeros((), dtype=torch.float32)
+        for s in range(0, h.size(0), CHUNK):
+            hc, tc, kc = h[s : s + CHUNK], target[s : s + CHUNK, None], keep[s : s + CHUNK, None]
+            logits = (hc @ w.t()).float()
+            lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+            nll_c = ((lse - logits.gather(1, tc)) * kc).sum()
+            loss += (1.0 - eps) * nll_c + eps * ((lse - logits.mean(-1, keepdim=True)) * kc).sum()
+            nll += nll_c
+            if grads:
+                g = logits.sub_(lse).exp_().sub_(eps / V).mul_(kc)  # (softmax - eps/V) * keep, in place
+                g.scatter_add_(1, tc, kc * -(1.0 - eps))  # minus (1 - eps) at the target
+                g = g.to(dtype)
+                torch.mm(g, w, out=grad_h[s : s + CHUNK])
+                if dtype == torch.float32:
+                    grad_w.addmm_(g.t(), hc)
+                else:
+                    grad_w += (g.t() @ hc).float()
+        ctx.mark_non_differentiable(nll)
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.dtypes = hidden.dtype, weight.dtype
+        return loss, nll
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor | None, ...]:
+        grad_h, grad_w = ctx.saved_tensors
+        return ((grad_h.float() * grad_loss).to(ctx.dtypes[0]), (grad_w * grad_loss).to(ctx.dtypes[1]),
+                None, None, None, None, None)
+
+
+def generator_loss(hidden: Tensor, weight: Tensor, target: Tensor, eps: float, pad_id: int) -> tuple[Tensor, Tensor]:
+    """``label_smoothed_nll(hidden @ weight.T, target, ...)`` without making the logits whole.
+
+    hidden [..., d_model] (the decoder's output), weight [V, d_model] (the generator's), target [...].
+    Under autocast the projection runs in the autocast dtype, as nn.Linear would.
+    """
+    device = hidden.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+    grads = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    with torch.autocast(device, enabled=False):
+        return _GeneratorLoss.apply(hidden.reshape(-1, hidden.size(-1)), weight, target.reshape(-1), eps, pad_id,
+                                    dtype, grads)

@@ -332,13 +332,17 @@ class Transformer(nn.Module):
         src_keep = (src != self.pad_id)[:, None, None, :]
         return self.encoder(self.embed(src, self.src_embed), src_keep), src_keep
 
-    def decode(self, tgt_in: Tensor, memory: Tensor, src_keep: Tensor) -> Tensor:
-        """Teacher-forced logits [B, T, V] for every target position at once."""
-        return self.generator(self.decoder(self.embed(tgt_in, self.tgt_embed), memory, src_keep))
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_keep: Tensor, logits: bool = True) -> Tensor:
+        """Teacher-forced logits [B, T, V] for every target position at once (the generator's input if not logits)."""
+        y = self.decoder(self.embed(tgt_in, self.tgt_embed), memory, src_keep)
+        return self.generator(y) if logits else y
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """src [B, S], tgt_in [B, T] -> logits [B, T, V], in one pass."""
-        return self.decode(tgt_in, *self.encode(src))
+    def forward(self, src: Tensor, tgt_in: Tensor, logits: bool = True) -> Tensor:
+        """src [B, S], tgt_in [B, T] -> logits [B, T, V], in one pass.
+
+        With logits=False: the decoder's output [B, T, d_model], for training's fused generator_loss.
+        """
+        return self.decode(tgt_in, *self.encode(src), logits=logits)
 
     def start_state(self, memory: Tensor, src_keep: Tensor, beam: int = 1) -> DecoderState:
         """A fresh incremental state with `beam` rows per sentence; cross-attention K/V are computed here, once."""
@@ -348,7 +352,10 @@ class Transformer(nn.Module):
         return DecoderState(cross_kv, mask, beam)
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
-        """The next position's logits [B, V] given its input tokens [B]; appends to the state's cache."""
+        """The next position's logits [B, V] given its input tokens [B]; appends to the state's cache.
+
+        The logits are a fresh tensor: search edits them in place.
+        """
         t = state.length
         state.reserve(t + 1)
         y = self.embed(tokens[:, None], self.tgt_embed, t)

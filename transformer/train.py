@@ -33,7 +33,7 @@ from transformer.config import Config, dump, to_dict
 from transformer.corpus import Corpus, load_split
 from transformer.device import autocast, check_precision, fused_adam, resolve_device
 from transformer.evaluate import score
-from transformer.loss import label_smoothed_nll
+from transformer.loss import generator_loss, label_smoothed_nll
 from transformer.schedule import learning_rate
 from transformer.tokenizer import Tokenizer, train_tokenizer
 from transformer.translator import Translator
@@ -166,8 +166,9 @@ class Trainer:
 
     def _micro_loss(self, batch: Batch, total_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         with autocast(self.cfg.precision, self.device):
-            logits = self.ddp(batch.src, batch.tgt_in)
-        loss_sum, nll_sum = label_smoothed_nll(logits, batch.tgt_out, self.cfg.train.label_smoothing, self.tokenizer.pad_id)
+            hidden = self.ddp(batch.src, batch.tgt_in, logits=False)
+            loss_sum, nll_sum = generator_loss(hidden, self.model.generator.weight, batch.tgt_out,
+                                               self.cfg.train.label_smoothing, self.tokenizer.pad_id)
         return loss_sum / total_tokens, nll_sum
 
     def _update(self, micro: list[list[int]]) -> tuple[float, float, int] | None:
