@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from transformer.config import DataConfig, TokenizerConfig
 from transformer.corpus import Corpus, load_split
@@ -19,6 +20,16 @@ from transformer.tokenizer import Tokenizer, train_tokenizer
 REPO = Path(__file__).resolve().parents[1]
 os.environ["TFM_MULTI30K"] = str((REPO / os.environ.get("TFM_MULTI30K", "../shared/data/multi30k")).resolve())
 os.environ["TFM_TATOEBA"] = str((REPO / os.environ.get("TFM_TATOEBA", "../shared/data/tatoeba-cmn-eng")).resolve())
+
+
+@pytest.fixture(autouse=True, scope="session")
+def one_thread():
+    """One intra-op thread in the test process: the models here are tiny, and on a busy 2-core machine
+    a second thread makes each op wait on the other (subprocesses under test keep torch's default)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

@@ -15,8 +15,6 @@ import os
 import shlex
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -37,17 +35,6 @@ MIXED = ["所有人，都请说 cheese 。", "我有3个iPhone手机，你呢？
          "我叫 Mary Smith，今年 25 岁。", "他是一个 DJ 。", "“看啊！” 她说道。"]
 FULL_WIDTH = "（你好）！？：；，。、「」『』《》“”‘’…—～％＃＠１２３ＡＢＣ"
 TRADITIONAL_EMOJI = ["我們明天去公園。", "我们明天去公园。🌳😀", "👨‍👩‍👧 喜歡 🍜！", "𠀀𪚥𠮷"]
-
-
-@contextmanager
-def one_thread() -> Iterator[None]:
-    """Tiny models train fastest on one thread; on a busy 2-core machine two threads wait on each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _cjk(text: str) -> bool:
@@ -130,8 +117,7 @@ def test_split_is_written_to_the_run_directory(tatoeba: Path, tmp_path: Path) ->
     tiny = ["model.N=1", "model.d_model=32", "model.d_ff=64", "model.h=2", "tokenizer.vocab_size=400",
             "train.max_steps=1", "train.eval_sentences=2", "decode.max_len_b=2", f"run_dir={tmp_path}"]
     cfg = shipped("en-zh", tatoeba, *tiny)
-    with one_thread():
-        Trainer(cfg, quiet=True, log=lambda m: None).run()
+    Trainer(cfg, quiet=True, log=lambda m: None).run()
     written = json.loads((cfg.out_dir / "split.json").read_text(encoding="utf-8"))
     assert written == load_split(shipped("zh-en", tatoeba).data, "test").split_record
 
@@ -227,8 +213,7 @@ def train_tiny(folder: Path, pairs: list[tuple[str, str]], src: str, tgt: str) -
                   "eval_every": steps, "save_every": steps, "eval_sentences": len(pairs), "keep_last": 1},
         "decode": {"beam": 1},
     })
-    with one_thread():
-        Trainer(cfg, quiet=True, log=lambda m: None).run()
+    Trainer(cfg, quiet=True, log=lambda m: None).run()
     return cfg.out_dir / "best"
 
 

@@ -14,15 +14,6 @@ PAD, START, V = 0, 1, 23
 SMALL = dict(N=2, d_model=32, d_ff=64, h=4, dropout=0.0)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run as fast on one thread, and one thread does not fight parallel work for the two cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def small(**overrides) -> Transformer:
     torch.manual_seed(0)
     return Transformer(V, V, PAD, **{**SMALL, **overrides})

@@ -47,15 +47,6 @@ SENTENCE = "Ein Mann fährt Fahrrad."
 # ----- helpers ------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One intra-op thread for these tiny models: on a busy 2-core machine a second one makes each op ~100x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 class Proc:
     """A ``python -m cli`` subprocess whose stderr goes to a file that can be read while it runs."""
 

@@ -13,15 +13,6 @@ from transformer.search import beam_search, greedy_search, length_penalty, max_o
 PAD, START, END, A, B = 0, 1, 2, 3, 4
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run as fast on one thread, and one thread does not fight parallel work for the two cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 class FixedModel(nn.Module):
     """A fake decoder whose step-t distribution is table[t] for every row, as in fairseq's generator tests."""
 

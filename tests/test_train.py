@@ -72,3 +72,28 @@ def test_resume_of_finished_run_is_a_no_op(tmp_path):
     messages = []
     result = Trainer(cfg, resume=True, quiet=True, log=messages.append).run()
     assert result.reason == "finished" and any("already at max_steps" in m for m in messages)
+
+
+def test_resume_skips_a_damaged_newest_checkpoint_and_keeps_it_aside(tmp_path):
+    """A truncated newest checkpoint: resume goes on from the one before; the damaged one is kept, renamed."""
+    cfg = tiny_config(tmp_path, train={"max_steps": 4, "save_every": 2, "keep_last": 3})
+    Trainer(cfg, quiet=True, log=lambda m: None).run()
+    older, newest = checkpoint.step_dirs(cfg.out_dir)[-2:]
+    weights = newest / checkpoint.WEIGHTS
+    weights.write_bytes(weights.read_bytes()[:100])
+    messages = []
+    more = tiny_config(tmp_path, train={"max_steps": 6, "save_every": 2, "keep_last": 3})
+    assert Trainer(more, resume=True, quiet=True, log=messages.append).run().state.step == 6
+    assert f"resumed from {older} at step 2" in messages
+    aside = newest.with_name(f"damaged-{newest.name}")
+    assert aside.is_dir() and (aside / checkpoint.WEIGHTS).stat().st_size == 100
+    assert any("is damaged" in m and str(aside) in m for m in messages)
+
+
+def test_resume_with_only_damaged_checkpoints_is_a_clear_error(tmp_path):
+    cfg = tiny_config(tmp_path, train={"max_steps": 2, "save_every": 2})
+    Trainer(cfg, quiet=True, log=lambda m: None).run()
+    for path in checkpoint.step_dirs(cfg.out_dir):
+        (path / checkpoint.TRAINER).write_bytes(b"not a checkpoint")
+    with pytest.raises(TrainError, match="every checkpoint in .* is damaged"):
+        Trainer(tiny_config(tmp_path, train={"max_steps": 4}), resume=True, quiet=True, log=lambda m: None).run()

@@ -110,7 +110,7 @@ class Trainer:
             existing = checkpoint.step_dirs(self.run_dir)
             if not existing:
                 raise TrainError(f"--resume: no checkpoint in {self.run_dir}/checkpoints; start without --resume")
-            return existing[-1]
+            return self._newest_intact(existing)
         if self.run_dir.exists() and any(self.run_dir.iterdir()):
             if not self.overwrite:
                 raise TrainError(f"run directory {self.run_dir} already exists; pass --resume to continue it, "
@@ -118,6 +118,23 @@ class Trainer:
             shutil.rmtree(self.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         return None
+
+    def _newest_intact(self, step_dirs: list[Path]) -> Path:
+        """The newest checkpoint that loads whole; damaged newer ones are renamed ``damaged-step_N``, kept."""
+        problems = []
+        for path in reversed(step_dirs):
+            try:
+                checkpoint.load(path, "cpu")
+                checkpoint.load_trainer_state(path)
+            except checkpoint.CheckpointError as e:
+                aside = path.with_name(f"damaged-{path.name}")
+                path.rename(aside)
+                self.log(f"{path.name} is damaged ({e}); moved to {aside} and resuming from an older checkpoint")
+                problems.append(str(e))
+                continue
+            return path
+        raise TrainError(f"--resume: every checkpoint in {self.run_dir}/checkpoints is damaged ({problems[0]}); "
+                         "start without --resume, or restore one from a backup")
 
     def _load_data(self, tokenizer: Tokenizer | None) -> tuple[Tokenizer, EncodedCorpus, Corpus, EncodedCorpus]:
         d = self.cfg.data
