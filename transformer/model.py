@@ -352,10 +352,7 @@ class Transformer(nn.Module):
         return DecoderState(cross_kv, mask, beam)
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
-        """The next position's logits [B, V] given its input tokens [B]; appends to the state's cache.
-
-        The logits are a fresh tensor: search edits them in place.
-        """
+        """The next position's logits [B, V] given its input tokens [B]; appends to the state's cache."""
         t = state.length
         state.reserve(t + 1)
         y = self.embed(tokens[:, None], self.tgt_embed, t)
