@@ -5,10 +5,11 @@ without loading torch. Every error a user can fix is printed as one line and
 exits with code 2.
 
 Idle OpenMP threads spin briefly, then sleep (``GOMP_SPINCOUNT=10000`` for torch's libgomp,
-unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set): libgomp's default spin (300,000 rounds)
-made training and beam search 2-5x slower, at times far more, on a CPU shared with other
-torch processes, while sleeping at once (OMP_WAIT_POLICY=PASSIVE) cost 10-40% on an idle
-one. bench/run.py's levers and contended sections measure all three.
+unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set). On the 2-core CPU shared with 3 other torch
+processes, libgomp's default spin (300,000 rounds) made beam search 2.2x and training 3.2x
+slower than this; on an idle CPU this costs 0% (beam search) to 12% (training), while sleeping
+at once (OMP_WAIT_POLICY=PASSIVE) cost 21-45%. bench/run.py's levers and contended sections
+measure all three.
 """
 
 from __future__ import annotations

@@ -44,8 +44,9 @@ def autocast(precision: str, device: torch.device) -> ContextManager:
 def fused_adam(device: torch.device) -> bool:
     """Whether Adam's fused kernel (one pass over all parameters) runs on ``device``: CUDA, and CPU from torch 2.4.
 
-    On a 2-core CPU it makes the optimizer step of the small model about 4x faster than the default
-    per-tensor loop (measured by bench/run.py's training section, where both systems use it).
+    One kernel over all parameters instead of a loop of small ones per tensor. On the 2-core CPU the
+    optimizer step is a small part of a training step, which ran 0.99-1.04x as fast with it
+    (bench/levers.py); the benchmarks give the Marian peer the same optimizer.
     """
     if device.type == "cuda":
         return True
@@ -60,8 +61,9 @@ def decoding_threads(device: torch.device, rows: int) -> Iterator[None]:
     """Decode on one intra-op CPU thread when the batch has fewer than 64 rows (sentences x beam).
 
     A step of a small batch is a hundred tiny ops, and waking a second thread for each costs more than
-    it brings: on the 2-core CPU one sentence decoded about 2x faster on one thread, 32 sentences
-    greedily 1.2x, while 32 sentences x beam 5 (160 rows) ran 7% slower (bench/levers.py measures it).
+    it brings: on the 2-core CPU one sentence decoded 1.15x faster on one thread (beam 5; about 2x
+    when idle threads sleep at once, OMP_WAIT_POLICY=PASSIVE), 32 sentences greedily 1.2x, while
+    32 sentences x beam 5 (160 rows) ran 7% slower (bench/levers.py measures it).
     """
     threads = torch.get_num_threads()
     if device.type != "cpu" or rows >= SMALL_DECODE_ROWS or threads == 1:
