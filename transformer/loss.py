@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-CHUNK = 128  # rows of logits made at once: 128 x 8,000 fp32 values fit a core's L2 cache
+CHUNK = 128  # rows of logits made at once: the fastest of 128-1024 on the 2-core CPU (4 MB at V = 8,000)
 
 
 def label_smoothed_nll(logits: Tensor, target: Tensor, eps: float, pad_id: int) -> tuple[Tensor, Tensor]:

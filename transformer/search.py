@@ -46,7 +46,7 @@ def max_output_lengths(src_lengths: Tensor, max_len_a: float, max_len_b: int) ->
 
 
 def row_topk(x: Tensor, m: int, block: int = 100) -> tuple[Tensor, Tensor]:
-    """``x.topk(m, dim=1)`` for rows of a large vocabulary, about 3x faster on the CPU.
+    """``x.topk(m, dim=1)`` for rows of a large vocabulary: 1.7x faster for 160 rows of 8,000 on the CPU.
 
     A row's m largest values lie in the m blocks of ``block`` columns with the largest maxima, so one
     max per block, a top-m over blocks and a top-m over their m * block values find them.
@@ -86,7 +86,7 @@ class _Search:
 
         <PAD> and <START> are never chosen; a sentence at its length limit may only end. A row with a
         NaN (half precision overflowing) turns NaN whole under log-softmax: its scores become -inf,
-        cleaned in the m chosen values rather than in the whole [rows, V] tensor (a pass that cost 2%).
+        cleaned in the m chosen values rather than in the whole [rows, V] tensor (a pass, 1-2% of a step).
         """
         lprobs = F.log_softmax(self.model.decode_step(tokens, self.state).float(), dim=-1)
         lprobs.index_fill_(1, self.banned, float("-inf"))
