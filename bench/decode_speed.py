@@ -6,7 +6,8 @@ ctranslate2`` writes. All three use tfm's tokenizer, get the same batches (test 
 by length, cut into batches of 1 or 32) and are timed text in, text out. Output tokens are counted
 the same way for all: the tokenizer's tokens of the output text.
 
-Threads: all three use torch's thread count (2 here). CTranslate2 loads its own OpenMP runtime with its default
+Threads: tfm decodes as its Translator does (one CPU thread for batches under 64 rows, else all);
+the peers use torch's thread count (2 here). CTranslate2 loads its own OpenMP runtime with its default
 waiting; transformers shares torch's runtime with tfm, so both run with the short spin this process sets
 (bench/common.py; export OMP_WAIT_POLICY or GOMP_SPINCOUNT to choose another for both).
 

@@ -3,7 +3,8 @@
 "Without" is what runs when the lever is absent: PyTorch's defaults (OpenMP threads spin-waiting,
 per-tensor Adam, nn.Dropout, whole logits scored by ``label_smoothed_nll``, the flash SDPA kernel in bf16 training) or
 a stand-in written here (copying the whole K/V cache capacity, topk over the whole vocabulary,
-batches in input order, greedy search that keeps finished sentences, no_grad for inference_mode).
+batches in input order, greedy search that keeps finished sentences, no_grad for inference_mode,
+both CPU threads for a single sentence).
 A speedup above 1 means the lever wins; decoding levers also report whether outputs stayed the same.
 """
 
@@ -23,7 +24,9 @@ from torch import Tensor, nn
 
 import transformer.model as model_module
 import transformer.search as search_module
+import transformer.translator as translator_module
 from common import ROOT, interleave, median, paired_ratio
+from decode_speed import tfm_decoder
 from train_speed import optimizer, tfm_step
 from transformer import checkpoint
 from transformer.batching import Batch
@@ -220,6 +223,16 @@ def decoding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[d
         with patched(DecoderState, "select", _full_copy_select):
             return beam(r)
 
+    translate = tfm_decoder(loaded)
+
+    def one_sentence(r: int) -> list[list[str]]:
+        """Eight single-sentence translations (one alone is too short to time on a shared machine)."""
+        return [translate([lines[(picks[r] + i) % len(lines)]], 5) for i in range(8)]
+
+    def one_sentence_two_threads(r: int) -> list[list[str]]:
+        with patched(translator_module, "decoding_threads", lambda *_: contextlib.nullcontext()):
+            return one_sentence(r)
+
     def without_inference_mode(r: int) -> list[list[int]]:
         with patched(torch, "inference_mode", torch.no_grad):
             return greedy(sorted_batches)(r)
@@ -236,7 +249,8 @@ def decoding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[d
              ("inference_mode (vs no_grad)", "greedy, batch 32", without_inference_mode, greedy(sorted_batches)),
              ("drop finished sentences", "greedy, batch 32",
               lambda r: _keep_finished_greedy(model, sorted_batches[picks[r]], s, e), greedy(sorted_batches)),
-             ("sort by length before batching", "greedy, batch 32", by_chunk(False), by_chunk(True))]
+             ("sort by length before batching", "greedy, batch 32", by_chunk(False), by_chunk(True)),
+             ("one CPU thread below 64 rows", "beam 5, 1 sentence x 8", one_sentence_two_threads, one_sentence)]
     rows = []
     for lever, work, without, with_ in cases:
         outs: dict[str, dict[int, Any]] = {"without": {}, "with": {}}

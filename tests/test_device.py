@@ -1,8 +1,8 @@
-"""Speed settings chosen per device: fused Adam where torch has it."""
+"""Speed settings chosen per device: fused Adam where torch has it, one CPU thread for small decoding batches."""
 
 import torch
 
-from transformer.device import fused_adam
+from transformer.device import SMALL_DECODE_ROWS, decoding_threads, fused_adam
 
 
 def test_fused_adam_on_cpu_and_cuda_only():
@@ -10,3 +10,17 @@ def test_fused_adam_on_cpu_and_cuda_only():
     assert fused_adam(torch.device("cuda"))
     assert not fused_adam(torch.device("mps"))
 
+
+def test_small_cpu_batches_decode_on_one_thread_and_restore_the_count():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with decoding_threads(torch.device("cpu"), SMALL_DECODE_ROWS - 1):
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+        with decoding_threads(torch.device("cpu"), SMALL_DECODE_ROWS):
+            assert torch.get_num_threads() == 2
+        with decoding_threads(torch.device("cuda"), 1):
+            assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

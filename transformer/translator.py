@@ -18,7 +18,7 @@ import torch
 
 from transformer.errors import UserError
 from transformer.config import DecodeConfig
-from transformer.device import autocast
+from transformer.device import autocast, decoding_threads
 from transformer.model import Transformer
 from transformer.search import Hypothesis, beam_search, greedy_search
 from transformer.tokenizer import Tokenizer
@@ -97,7 +97,7 @@ class Translator:
     def _search(self, src: torch.Tensor, beam: int, nbest: int) -> list[list[Hypothesis]]:
         t = self.tokenizer
         d = self.decode
-        with autocast(self.precision, self.device):
+        with autocast(self.precision, self.device), decoding_threads(self.device, src.size(0) * beam):
             if beam == 1:
                 return [[h] for h in greedy_search(self.model, src, t.start_id, t.end_id, d.max_len_a, d.max_len_b)]
             return beam_search(self.model, src, t.start_id, t.end_id, beam=beam, alpha=d.alpha, nbest=nbest,
