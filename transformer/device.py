@@ -60,10 +60,13 @@ SMALL_DECODE_ROWS = 64
 def decoding_threads(device: torch.device, rows: int) -> Iterator[None]:
     """Decode on one intra-op CPU thread when the batch has fewer than 64 rows (sentences x beam).
 
-    A step of a small batch is a hundred tiny ops, and waking a second thread for each costs more than
-    it brings: on the 2-core CPU one sentence decoded 1.15x faster on one thread (beam 5; about 2x
-    when idle threads sleep at once, OMP_WAIT_POLICY=PASSIVE), 32 sentences greedily 1.2x, while
-    32 sentences x beam 5 (160 rows) ran 7% slower (bench/levers.py measures it).
+    A step of a small batch is a hundred tiny ops, and a second thread pays only when it is idle and
+    awake. On the 2-core CPU, with nothing else running, one thread made 100 single sentences
+    0.85-0.87x as fast; but with CTranslate2's threads spinning in the same process (bench/run.py),
+    two threads made greedy decoding 2.4x slower at batch 1 and 1.7x at batch 32, and with idle
+    threads sleeping at once (OMP_WAIT_POLICY=PASSIVE) one thread was about 2x faster. A shared
+    machine is the common case, so small batches take one thread; 160 rows (32 sentences x beam 5)
+    ran 7% slower on one, so larger batches use all.
     """
     threads = torch.get_num_threads()
     if device.type != "cpu" or rows >= SMALL_DECODE_ROWS or threads == 1:
