@@ -157,7 +157,7 @@ class Trainer:
         return tokenizer, train_enc, valid, valid_enc
 
     def _check_resume_compatible(self, ckpt_dir: Path) -> None:
-        old = checkpoint.load(ckpt_dir, "cpu").cfg
+        old = checkpoint.read_config(ckpt_dir)
         new_d, old_d = to_dict(self.cfg), to_dict(old)
         diffs = [k for s in FROZEN_SECTIONS for k in _differences({s: old_d[s]}, {s: new_d[s]})]
         diffs += [k for k in _differences(old_d["data"], new_d["data"]) if k.startswith(("src_lang", "tgt_lang"))]
