@@ -34,6 +34,7 @@ from marian_peer import build_marian, copy_tfm_weights
 from transformer import checkpoint
 from transformer.evaluate import score
 from transformer.export import export
+from transformer.search import max_output_lengths
 from transformer.translator import Translator
 
 Decoder = Callable[[list[str], int], list[str]]
@@ -56,8 +57,8 @@ def tfm_decoder(loaded: checkpoint.Loaded, precision: str = "fp32") -> Decoder:
 
 
 def _limits(ids: list[list[int]], a: float, b: int) -> list[int]:
-    """tfm's most output tokens per sentence for sources ``ids`` (without <END>)."""
-    return [int(a * (len(x) + 1) + b) for x in ids]
+    """tfm's most output tokens per sentence for sources ``ids`` (without <END>, which tfm's search counts)."""
+    return max_output_lengths(torch.tensor([len(x) + 1 for x in ids]), a, b).tolist()
 
 
 def _until_end(row: list[int], end_id: int, limit: int) -> list[int]:
