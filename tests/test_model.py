@@ -180,13 +180,18 @@ def test_incremental_equals_parallel(norm_first):
 
 @pytest.mark.parametrize("beam,index", [(1, [2, 0, 0]), (2, [1, 0, 5, 4])])
 def test_state_select_reorders_and_drops_rows(beam, index):
-    """Beam 2: sentence 1 leaves and the beams of sentences 0 and 2 swap; cross K/V stay one per sentence."""
+    """Beam 2: one row per sentence widens to two after the first step, then sentence 1 leaves and
+    the beams of sentences 0 and 2 swap; cross K/V stay one per sentence throughout."""
     model = small().eval()
     src, tgt = padded_batch([6, 2, 9]), padded_batch([5] * 3 * beam, seed=2)
+    tgt[:, 0] = tgt[::beam, 0].repeat_interleave(beam)  # a sentence's beams share their first token
     index = torch.tensor(index)
     with torch.no_grad():
-        state = model.start_state(*model.encode(src), beam=beam)
-        for t in range(3):
+        state = model.start_state(*model.encode(src))
+        model.decode_step(tgt[::beam, 0], state)
+        state.select(torch.arange(3).repeat_interleave(beam), beam=beam)
+        assert state.cross_kv.size(0) == 3
+        for t in range(1, 3):
             model.decode_step(tgt[:, t], state)
         state.select(index)
         assert state.cross_kv.size(0) == len(index) // beam

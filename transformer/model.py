@@ -243,7 +243,8 @@ class Decoder(nn.Module):
 class DecoderState:
     """What incremental decoding keeps between steps for a batch of rows (as fairseq's incremental state).
 
-    Rows come in groups of ``beam`` consecutive rows per sentence (beam search; 1 otherwise).
+    Rows come in groups of ``beam`` consecutive rows per sentence: one at the start, k once beam
+    search has widened (``select``).
     cross_kv [sentences, N, 2, h, S, d_k]: encoder-decoder keys and values, computed once per sentence
     and shared by its beams (V is zero for a source of only <PAD>, whose cross-attention output is
     then zero as in training); src_mask likewise holds one entry per sentence.
@@ -252,19 +253,21 @@ class DecoderState:
     reordering one contiguous copy per row.
     """
 
-    def __init__(self, cross_kv: Tensor, src_mask: Tensor, beam: int = 1, capacity: int = 32):
+    def __init__(self, cross_kv: Tensor, src_mask: Tensor, capacity: int = 32):
         sentences, N, _, h, _, d_k = cross_kv.shape
         self.cross_kv, self.src_mask = cross_kv, src_mask
-        self.self_kv = cross_kv.new_empty(sentences * beam, N, 2, h, capacity, d_k)
+        self.self_kv = cross_kv.new_empty(sentences, N, 2, h, capacity, d_k)
         self._spare: Tensor | None = None  # select's destination, swapped with self_kv
-        self.beam = beam
+        self.beam = 1
         self.length = 0
 
-    def select(self, index: Tensor) -> None:
+    def select(self, index: Tensor, beam: int | None = None) -> None:
         """Keep rows ``index`` in that order, in place: reorders beams and drops finished sentences.
 
         Only the filled ``length`` positions are copied, into a spare buffer that then swaps with the
         cache (beam search reorders every step; copying the whole capacity cost up to 4x more).
+        ``beam``, when given, is the new number of rows per sentence: beam search decodes its first
+        step on one row per sentence (all its beams would be the same) and then widens to k.
         With beam > 1, index must keep each sentence's rows together and the sentences in order (as
         beam search does); the per-sentence tensors are then only touched when sentences leave.
         """
@@ -273,7 +276,8 @@ class DecoderState:
             self._spare = self.self_kv.new_empty(n, *self.self_kv.shape[1:])
         torch.index_select(self.self_kv[..., :t, :], 0, index, out=self._spare[:n, ..., :t, :])
         self.self_kv, self._spare = self._spare[:n], self.self_kv
-        sentences = index[:: self.beam] // self.beam
+        width, self.beam = self.beam, beam or self.beam
+        sentences = index[:: self.beam] // width
         if self.beam == 1 or sentences.numel() != self.cross_kv.size(0):
             self.cross_kv = self.cross_kv.index_select(0, sentences)
             self.src_mask = self.src_mask.index_select(0, sentences)
@@ -345,12 +349,12 @@ class Transformer(nn.Module):
         """
         return self.decode(tgt_in, *self.encode(src), logits=logits)
 
-    def start_state(self, memory: Tensor, src_keep: Tensor, beam: int = 1) -> DecoderState:
-        """A fresh incremental state with `beam` rows per sentence; cross-attention K/V are computed here, once."""
+    def start_state(self, memory: Tensor, src_keep: Tensor) -> DecoderState:
+        """A fresh incremental state with one row per sentence; cross-attention K/V are computed here, once."""
         mask, rows = safe_mask(src_keep)
         cross_kv = torch.stack([layer.cross_attn.kv(memory).transpose(0, 1) for layer in self.decoder.layers], 1)
         cross_kv[:, :, 1].mul_(rows.view(-1, 1, 1, 1, 1))  # V = 0 for a source of only <PAD>: its output is 0
-        return DecoderState(cross_kv, mask, beam)
+        return DecoderState(cross_kv, mask)
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
         """The next position's logits [B, V] given its input tokens [B]; appends to the state's cache."""

@@ -1,8 +1,8 @@
 """Greedy and beam search over the model's incremental decoder, batched over sentences and beams.
 
 Knows nothing of files, tokenizers or the CLI: token ids in, hypotheses out. The model needs
-``pad_id``, ``encode``, ``start_state(memory, src_keep, beam)`` (beam consecutive rows per sentence) and
-``decode_step``, as transformer.model.Transformer has, and its state needs ``select``. Each sentence
+``pad_id``, ``encode``, ``start_state(memory, src_keep)`` (one row per sentence) and ``decode_step``,
+as transformer.model.Transformer has, and its state needs ``select(index, beam)``. Each sentence
 may produce at most max_len = a * src_len + b tokens before <END>, which is forced after them.
 <PAD> and <START> are never generated.
 
@@ -74,17 +74,17 @@ def _eval_mode(model: nn.Module) -> Iterator[None]:
 class _Search:
     """What greedy and beam search share: encoding, per-sentence length limits, next-token log-probs."""
 
-    def __init__(self, model: nn.Module, src: Tensor, start_id: int, end_id: int, max_len_a: float, max_len_b: int,
-                 beam: int = 1):
+    def __init__(self, model: nn.Module, src: Tensor, start_id: int, end_id: int, max_len_a: float, max_len_b: int):
         self.model, self.end_id = model, end_id
         self.banned = torch.tensor([model.pad_id, start_id], device=src.device)
         self.max_lens = max_output_lengths((src != model.pad_id).sum(1), max_len_a, max_len_b).tolist()
-        self.state = model.start_state(*model.encode(src), beam=beam)
+        self.state = model.start_state(*model.encode(src))
 
     def best(self, tokens: Tensor, step: int, sentences: list[int], width: int, m: int) -> tuple[Tensor, Tensor]:
         """Log-probs and ids [rows, m] of the m most probable next tokens; `width` consecutive rows per sentence.
 
-        <PAD> and <START> are never chosen; a sentence at its length limit may only end. A row with a
+        <PAD> and <START> are never chosen; a sentence at its length limit may only end. With fewer
+        than m tokens in the vocabulary, the missing columns repeat the best token at -inf. A row with a
         NaN (half precision overflowing) turns NaN whole under log-softmax: its scores become -inf,
         cleaned in the m chosen values rather than in the whole [rows, V] tensor (a pass, 1-2% of a step).
         """
@@ -96,9 +96,11 @@ class _Search:
             end = lprobs[:, self.end_id].clone()
             lprobs.masked_fill_(rows[:, None], float("-inf"))
             lprobs[:, self.end_id] = end
-        m = min(m, lprobs.size(-1))
-        values, ids = row_topk(lprobs, m) if m > 1 else lprobs.max(dim=-1, keepdim=True)
-        inf = float("inf")
+        V, inf = lprobs.size(-1), float("inf")
+        values, ids = row_topk(lprobs, min(m, V)) if m > 1 else lprobs.max(dim=-1, keepdim=True)
+        if m > V:
+            values = torch.cat([values, values.new_full((values.size(0), m - V), -inf)], 1)
+            ids = torch.cat([ids, ids[:, :1].expand(-1, m - V)], 1)
         return values.nan_to_num_(nan=-inf, posinf=-inf, neginf=-inf), ids
 
 
@@ -146,22 +148,23 @@ def beam_search(model: nn.Module, src: Tensor, start_id: int, end_id: int, beam:
         return []
     k, n, device = beam, src.size(0), src.device
     with torch.inference_mode(), _eval_mode(model):
-        search = _Search(model, src, start_id, end_id, max_len_a, max_len_b, beam=k)
+        search = _Search(model, src, start_id, end_id, max_len_a, max_len_b)
         sentences = list(range(n))
         finished: list[list[Hypothesis]] = [[] for _ in sentences]
-        scores = torch.full((n, k), float("-inf"), device=device)
-        scores[:, 0] = 0.0  # at step 0 only one beam per sentence is live, so the beam holds no duplicates
-        tokens = src.new_full((n * k,), start_id)
-        seq = src.new_empty((n * k, 0))
-        seq_lp = torch.empty((n * k, 0), device=device)
+        # The first step decodes one row per sentence (its k beams would all be <START>), then widens to k.
+        width = 1
+        scores = torch.zeros((n, width), device=device)
+        tokens = src.new_full((n,), start_id)
+        seq = src.new_empty((n, 0))
+        seq_lp = torch.empty((n, 0), device=device)
         step = 0
         while sentences:
             n = len(sentences)
             # A sentence's best 2k continuations are among each of its beams' own best 2k tokens.
-            best_lp, best_tok = search.best(tokens, step, sentences, k, 2 * k)  # [n * k, m]
+            best_lp, best_tok = search.best(tokens, step, sentences, width, 2 * k)  # [n * width, 2k]
             m = best_lp.size(1)
-            top, j = (scores.view(-1, 1) + best_lp).view(n, k * m).topk(2 * k, dim=1)  # [n, 2k]
-            rows = j // m + torch.arange(0, n * k, k, device=device)[:, None]  # beam row of each candidate
+            top, j = (scores.view(-1, 1) + best_lp).view(n, width * m).topk(2 * k, dim=1)  # [n, 2k]
+            rows = j // m + torch.arange(0, n * width, width, device=device)[:, None]  # beam row of each candidate
             cand = best_tok.view(n, -1).gather(1, j)
             cand_lp = best_lp.view(n, -1).gather(1, j)
             is_end = cand == end_id
@@ -182,7 +185,8 @@ def beam_search(model: nn.Module, src: Tensor, start_id: int, end_id: int, beam:
             scores = top.gather(1, live)
             flat = rows.gather(1, live).view(-1)
             tokens = cand.gather(1, live).view(-1)
-            search.state.select(flat)
+            search.state.select(flat, beam=k)
+            width = k
             seq = torch.cat([seq[flat], tokens[:, None]], 1)
             seq_lp = torch.cat([seq_lp[flat], cand_lp.gather(1, live).view(-1, 1)], 1)
             step += 1
