@@ -31,7 +31,8 @@ from train_speed import optimizer, tfm_step
 from transformer import checkpoint
 from transformer.batching import Batch
 from transformer.config import Config
-from transformer.model import DecoderState, Dropout
+from transformer.decoder_state import BufferPool, DecoderState
+from transformer.model import Dropout
 from transformer.search import beam_search, greedy_search
 from transformer.tokenizer import Tokenizer
 
@@ -164,10 +165,11 @@ def compiled(cfg: Config, tok: Tokenizer, batches: list[Batch], rounds: int) -> 
 
 # ----- decoding ---------------------------------------------------------------------------------------------
 
-def _full_copy_select(self: DecoderState, index: Tensor) -> None:
+def _full_copy_select(self: DecoderState, index: Tensor, beam: int | None = None) -> None:
     """DecoderState.select as it was: index_select over the whole cache capacity."""
     self.self_kv = self.self_kv.index_select(0, index)
-    sentences = index[:: self.beam] // self.beam
+    width, self.beam = self.beam, beam or self.beam
+    sentences = index[:: self.beam] // width
     if self.beam == 1 or sentences.numel() != self.cross_kv.size(0):
         self.cross_kv = self.cross_kv.index_select(0, sentences)
         self.src_mask = self.src_mask.index_select(0, sentences)
@@ -223,6 +225,10 @@ def decoding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[d
         with patched(DecoderState, "select", _full_copy_select):
             return beam(r)
 
+    def without_pool(r: int) -> list[list[int]]:
+        with patched(model, "kv_pool", BufferPool(keep=0)):
+            return beam(r)
+
     translate = tfm_decoder(loaded)
 
     def one_sentence(r: int) -> list[list[str]]:
@@ -245,6 +251,7 @@ def decoding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[d
         return lambda r: sorted(h.tokens for b in chunk_batches(r, sort) for h in greedy_search(model, b, s, e))
 
     cases = [("K/V cache: reorder only the filled positions", "beam 5, batch 32", without_prefix, beam),
+             ("K/V cache memory reused from batch to batch", "beam 5, batch 32", without_pool, beam),
              ("top-k by block maxima", "beam 5, batch 32", without_topk, beam),
              ("inference_mode (vs no_grad)", "greedy, batch 32", without_inference_mode, greedy(sorted_batches)),
              ("drop finished sentences", "greedy, batch 32",

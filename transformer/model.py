@@ -20,6 +20,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from transformer.decoder_state import BufferPool, DecoderState
+
 
 def sinusoids(start: int, length: int, d_model: int) -> Tensor:
     """Positional encodings of positions start..start+length-1: sin on even, cos on odd dimensions."""
@@ -240,58 +242,6 @@ class Decoder(nn.Module):
         return self.norm(y)
 
 
-class DecoderState:
-    """What incremental decoding keeps between steps for a batch of rows (as fairseq's incremental state).
-
-    Rows come in groups of ``beam`` consecutive rows per sentence: one at the start, k once beam
-    search has widened (``select``).
-    cross_kv [sentences, N, 2, h, S, d_k]: encoder-decoder keys and values, computed once per sentence
-    and shared by its beams (V is zero for a source of only <PAD>, whose cross-attention output is
-    then zero as in training); src_mask likewise holds one entry per sentence.
-    self_kv [rows, N, 2, h, capacity, d_k]: self-attention keys and values; the first ``length``
-    positions are filled, and the capacity doubles when full. All layers in one row-major tensor make
-    reordering one contiguous copy per row.
-    """
-
-    def __init__(self, cross_kv: Tensor, src_mask: Tensor, capacity: int = 32):
-        sentences, N, _, h, _, d_k = cross_kv.shape
-        self.cross_kv, self.src_mask = cross_kv, src_mask
-        self.self_kv = cross_kv.new_empty(sentences, N, 2, h, capacity, d_k)
-        self._spare: Tensor | None = None  # select's destination, swapped with self_kv
-        self.beam = 1
-        self.length = 0
-
-    def select(self, index: Tensor, beam: int | None = None) -> None:
-        """Keep rows ``index`` in that order, in place: reorders beams and drops finished sentences.
-
-        Only the filled ``length`` positions are copied, into a spare buffer that then swaps with the
-        cache (beam search reorders every step; copying the whole capacity cost up to 4x more).
-        ``beam``, when given, is the new number of rows per sentence: beam search decodes its first
-        step on one row per sentence (all its beams would be the same) and then widens to k.
-        With beam > 1, index must keep each sentence's rows together and the sentences in order (as
-        beam search does); the per-sentence tensors are then only touched when sentences leave.
-        """
-        n, t = index.numel(), self.length
-        if self._spare is None or self._spare.shape[1:] != self.self_kv.shape[1:] or self._spare.size(0) < n:
-            self._spare = self.self_kv.new_empty(n, *self.self_kv.shape[1:])
-        torch.index_select(self.self_kv[..., :t, :], 0, index, out=self._spare[:n, ..., :t, :])
-        self.self_kv, self._spare = self._spare[:n], self.self_kv
-        width, self.beam = self.beam, beam or self.beam
-        sentences = index[:: self.beam] // width
-        if self.beam == 1 or sentences.numel() != self.cross_kv.size(0):
-            self.cross_kv = self.cross_kv.index_select(0, sentences)
-            self.src_mask = self.src_mask.index_select(0, sentences)
-
-    def reserve(self, length: int) -> None:
-        """Make room for ``length`` cached positions."""
-        capacity = self.self_kv.size(4)
-        if length > capacity:
-            self._spare = None  # too small now; dropped before the bigger cache is made, to keep the peak down
-            grown = self.self_kv.new_empty(*self.self_kv.shape[:4], max(length, 2 * capacity), self.self_kv.size(5))
-            grown[..., :capacity, :] = self.self_kv
-            self.self_kv = grown
-
-
 class Transformer(nn.Module):
     """The encoder-decoder Transformer; defaults are the paper's base model."""
 
@@ -312,6 +262,7 @@ class Transformer(nn.Module):
         self.encoder = Encoder(N, d_model, d_ff, h, dropout, norm_first)
         self.decoder = Decoder(N, d_model, d_ff, h, dropout, norm_first)
         self.generator = nn.Linear(d_model, tgt_vocab_size, bias=False)
+        self.kv_pool = BufferPool()  # decoding's K/V cache memory, reused from one batch to the next
         self.reset_parameters()
         if tie_embeddings:
             self.generator.weight = self.src_embed.weight
@@ -354,7 +305,7 @@ class Transformer(nn.Module):
         mask, rows = safe_mask(src_keep)
         cross_kv = torch.stack([layer.cross_attn.kv(memory).transpose(0, 1) for layer in self.decoder.layers], 1)
         cross_kv[:, :, 1].mul_(rows.view(-1, 1, 1, 1, 1))  # V = 0 for a source of only <PAD>: its output is 0
-        return DecoderState(cross_kv, mask)
+        return DecoderState(cross_kv, mask, self.kv_pool)
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
         """The next position's logits [B, V] given its input tokens [B]; appends to the state's cache."""
