@@ -85,4 +85,4 @@ def test_missing_matplotlib_is_one_clear_error(ckpt, tmp_path, monkeypatch):
     r = CliRunner().invoke(app, ["attention", SENTENCE, "--checkpoint", str(ckpt), "--output", str(tmp_path / "a.png")])
     assert r.exit_code == 2
     assert r.output.strip().splitlines()[-1] == ("error: drawing needs matplotlib, which is not installed; "
-                                                 "pip install 'tfm[plot]'")
+                                                 "pip install matplotlib")

@@ -1,7 +1,7 @@
 """Pictures: a run's training curves, and attention heatmaps of one translated sentence.
 
-matplotlib is an optional extra (``pip install 'tfm[plot]'``); it is imported only when a picture
-is drawn, through its object API (``Figure``), so no pyplot state or GUI backend is touched.
+matplotlib is optional (the ``plot`` extra, or ``pip install matplotlib``); it is imported only when a
+picture is drawn, through its object API (``Figure``), so no pyplot state or GUI backend is touched.
 Figures have a fixed size in pixels: ``CURVES_SIZE`` for the curves, ``PANEL_SIZE`` per attention
 head, heads in rows of at most ``GRID_COLUMNS``.
 """
@@ -41,7 +41,7 @@ def _figure(pixels: tuple[int, int]) -> Figure:
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        raise PlotError("drawing needs matplotlib, which is not installed; pip install 'tfm[plot]'") from None
+        raise PlotError("drawing needs matplotlib, which is not installed; pip install matplotlib") from None
     return Figure(figsize=(pixels[0] / DPI, pixels[1] / DPI), dpi=DPI)
 
 
