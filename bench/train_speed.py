@@ -23,9 +23,10 @@ from transformer import checkpoint
 from transformer.batching import Batch, collate, encode_corpus, make_batches
 from transformer.config import Config
 from transformer.corpus import load_split
-from transformer.device import autocast, fused_adam
+from transformer.device import autocast
 from transformer.loss import generator_loss, label_smoothed_nll
 from transformer.tokenizer import Tokenizer
+from transformer.train import make_optimizer
 
 CPU = torch.device("cpu")
 
@@ -48,10 +49,8 @@ def bench_batches(cfg: Config, tok: Tokenizer, count: int, cache: str) -> list[B
 
 
 def optimizer(model: torch.nn.Module, cfg: Config, fused: bool | None = None) -> torch.optim.Optimizer:
-    """Adam as the Trainer makes it (fused where torch has it, unless ``fused`` says otherwise)."""
-    t = cfg.train
-    fused = fused_adam(CPU) if fused is None else fused
-    return torch.optim.Adam(model.parameters(), lr=1e-4, betas=tuple(t.betas), eps=t.eps, fused=fused or None)
+    """Adam as the Trainer makes it, at a fixed lr of 1e-4 (fused where torch has it, unless ``fused`` says otherwise)."""
+    return make_optimizer(model, cfg.train, CPU, lr=1e-4, fused=fused)
 
 
 def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor, clip: float) -> None:

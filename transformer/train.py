@@ -29,7 +29,7 @@ from tqdm import tqdm
 from transformer import checkpoint, distributed
 from transformer.errors import UserError
 from transformer.batching import Batch, EncodedCorpus, collate, encode_corpus, make_batches
-from transformer.config import Config, dump, to_dict
+from transformer.config import Config, TrainConfig, dump, to_dict
 from transformer.corpus import Corpus, load_split
 from transformer.device import autocast, check_precision, fused_adam, resolve_device
 from transformer.evaluate import score
@@ -70,6 +70,18 @@ class Result:
     reason: str
     exit_code: int = 0
     run_dir: Path = field(default_factory=Path)
+
+
+def make_optimizer(model: torch.nn.Module, t: TrainConfig, device: torch.device, lr: float = 0.0,
+                   fused: bool | None = None) -> torch.optim.Adam:
+    """Adam with the config's betas, eps and weight decay (the schedule sets lr at every update).
+
+    Fused (one kernel for all parameters) on CUDA, and on the CPU where torch has it, unless
+    ``fused`` says otherwise (the benchmarks measure both).
+    """
+    fused = fused_adam(device) if fused is None else fused
+    return torch.optim.Adam(model.parameters(), lr=lr, betas=tuple(t.betas), eps=t.eps, weight_decay=t.weight_decay,
+                            fused=fused or None)
 
 
 def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
@@ -337,9 +349,7 @@ class Trainer:
         self.model = checkpoint.build_model(cfg, self.tokenizer).to(self.device)
         self.ddp = distributed.wrap(self.model, self.device)
         distributed.seed_dropout(cfg.seed)
-        fused = fused_adam(self.device)  # CUDA, and CPU where torch has it: one kernel for all parameters
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.0, betas=tuple(t.betas), eps=t.eps,
-                                          weight_decay=t.weight_decay, fused=fused or None)
+        self.optimizer = make_optimizer(self.model, t, self.device)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16")
         if distributed.is_main():
             (self.run_dir / checkpoint.CONFIG).write_text(dump(cfg), encoding="utf-8")
