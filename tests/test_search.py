@@ -67,6 +67,24 @@ def test_beam_by_hand(alpha, best):
         assert len(h.positional_scores) == len(h.tokens) + 1
 
 
+def test_sentence_stops_once_no_live_beam_can_win():
+    """Beam 2, alpha 0: 'A END' (0.45) finishes at step 1 while the best live beam 'A A' has 0.441 and can
+    only fall, so the search stops after 2 steps instead of waiting for a second finished hypothesis."""
+    #          PAD  START  END   A     B
+    steps = [[0.0, 0.0, 0.04, 0.9, 0.06],
+             [0.0, 0.0, 0.5, 0.49, 0.01]]
+    model = FixedModel(steps)
+    calls = []
+    decode_step = model.decode_step
+    model.decode_step = lambda tokens, state: calls.append(tokens.numel()) or decode_step(tokens, state)
+    [best] = beam_search(model, SRC, START, END, beam=2, alpha=0.0)[0]
+    assert best.tokens == [A] and best.log_prob == pytest.approx(by_hand(0.9, 0.5), abs=1e-6)
+    assert calls == [1, 2]
+    calls.clear()
+    assert [h.tokens for h in beam_search(model, SRC, START, END, beam=2, alpha=0.0, nbest=2)[0]][0] == [A]
+    assert len(calls) > 2  # the second best is not settled yet: the live beams may still beat it
+
+
 def test_end_forced_at_max_length():
     """With max_len 1, every live beam must end at step 1; greedy stops there too."""
     hyps = beam_search(FixedModel(STEPS), SRC, START, END, beam=2, alpha=0.0, nbest=2, max_len_a=0.0, max_len_b=1)[0]

@@ -8,7 +8,8 @@ may produce at most max_len = a * src_len + b tokens before <END>, which is forc
 
 Beam search follows fairseq: the top 2k candidates per sentence; those among the first k that end in
 <END> are finalized (frozen), the first k others form the next beam, and a sentence leaves the batch
-once it has k finished hypotheses or reaches its max_len. Live beams are ranked by log-probability;
+once it has k finished hypotheses, reaches its max_len, or has nbest finished that no live beam can
+still beat (``_Search.settled``: the same result, sooner). Live beams are ranked by log-probability;
 the GNMT length penalty ((5 + len) / 6) ** alpha, len counting <END>, divides a hypothesis's
 log-probability once, when it finishes. Every choice depends on its own sentence's rows only, so
 results do not depend on batch size or order.
@@ -79,6 +80,19 @@ class _Search:
         self.banned = torch.tensor([model.pad_id, start_id], device=src.device)
         self.max_lens = max_output_lengths((src != model.pad_id).sum(1), max_len_a, max_len_b).tolist()
         self.state = model.start_state(*model.encode(src))
+
+    def settled(self, finished: list[Hypothesis], best_live: float, sentence: int, nbest: int, alpha: float) -> bool:
+        """Whether no live beam of ``sentence`` can enter its nbest finished hypotheses any more.
+
+        A live beam's log-probability only falls as it grows, and its score is highest if it ends at
+        the longest length allowed, where the length penalty is largest: best_live divided by that
+        penalty bounds every hypothesis still to finish. Stopping then returns the same nbest as
+        decoding on until k hypotheses finish, in fewer steps.
+        """
+        if len(finished) < nbest:
+            return False
+        nth = sorted((h.score for h in finished), reverse=True)[nbest - 1]
+        return best_live / length_penalty(self.max_lens[sentence] + 1, alpha) < nth
 
     def best(self, tokens: Tensor, step: int, sentences: list[int], width: int, m: int) -> tuple[Tensor, Tensor]:
         """Log-probs and ids [rows, m] of the m most probable next tokens; `width` consecutive rows per sentence.
@@ -176,13 +190,15 @@ def beam_search(model: nn.Module, src: Tensor, start_id: int, end_id: int, beam:
                                                             cand_lp[i, j].tolist(), top[i, j].tolist()):
                     score = log_prob / length_penalty(len(toks) + 1, alpha)
                     finished[sentences[s]].append(Hypothesis(toks, score, log_prob, lps + [end_lp]))
-            alive = [s for s in range(n) if len(finished[sentences[s]]) < k and step < search.max_lens[sentences[s]]]
             live = torch.sort(is_end.to(torch.uint8), dim=1, stable=True).indices[:, :k]  # first k not ending
+            scores = top.gather(1, live)
+            best_live = scores[:, 0].tolist()  # top is sorted, so each sentence's first live beam is its best
+            alive = [s for s in range(n) if len(finished[sentences[s]]) < k and step < search.max_lens[sentences[s]]
+                     and not search.settled(finished[sentences[s]], best_live[s], sentences[s], nbest, alpha)]
             if len(alive) < n:
                 keep = torch.tensor(alive, dtype=torch.long, device=device)
-                live, top, rows, cand, cand_lp = live[keep], top[keep], rows[keep], cand[keep], cand_lp[keep]
+                live, scores, rows, cand, cand_lp = live[keep], scores[keep], rows[keep], cand[keep], cand_lp[keep]
                 sentences = [sentences[s] for s in alive]
-            scores = top.gather(1, live)
             flat = rows.gather(1, live).view(-1)
             tokens = cand.gather(1, live).view(-1)
             search.state.select(flat, beam=k)
