@@ -229,6 +229,10 @@ def decoding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[d
         with patched(model, "kv_pool", BufferPool(keep=0)):
             return beam(r)
 
+    def without_settled(r: int) -> list[list[int]]:
+        with patched(search_module._Search, "settled", lambda *_: False):
+            return beam(r)
+
     translate = tfm_decoder(loaded)
 
     def one_sentence(r: int) -> list[list[str]]:
@@ -252,6 +256,7 @@ def decoding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[d
 
     cases = [("K/V cache: reorder only the filled positions", "beam 5, batch 32", without_prefix, beam),
              ("K/V cache memory reused from batch to batch", "beam 5, batch 32", without_pool, beam),
+             ("a sentence leaves once no live beam can win", "beam 5, batch 32", without_settled, beam),
              ("top-k by block maxima", "beam 5, batch 32", without_topk, beam),
              ("inference_mode (vs no_grad)", "greedy, batch 32", without_inference_mode, greedy(sorted_batches)),
              ("drop finished sentences", "greedy, batch 32",
