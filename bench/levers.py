@@ -211,8 +211,8 @@ def decoding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[d
     picks = list(range(0, len(sorted_batches), step))[:rounds]  # spread over short and long sentences
     s, e = tok.start_id, tok.end_id
 
-    def beam(r: int) -> list[list[int]]:
-        return [h[0].tokens for h in beam_search(model, sorted_batches[picks[r]], s, e, beam=5)]
+    def beam(r: int, alpha: float = 0.6) -> list[list[int]]:
+        return [h[0].tokens for h in beam_search(model, sorted_batches[picks[r]], s, e, beam=5, alpha=alpha)]
 
     def greedy(batches: list[Tensor]) -> Callable[[int], list[list[int]]]:
         return lambda r: [h.tokens for h in greedy_search(model, batches[picks[r]], s, e)]
@@ -231,7 +231,7 @@ def decoding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[d
 
     def without_settled(r: int) -> list[list[int]]:
         with patched(search_module._Search, "settled", lambda *_: False):
-            return beam(r)
+            return beam(r, alpha=0.0)
 
     translate = tfm_decoder(loaded)
 
@@ -256,7 +256,8 @@ def decoding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[d
 
     cases = [("K/V cache: reorder only the filled positions", "beam 5, batch 32", without_prefix, beam),
              ("K/V cache memory reused from batch to batch", "beam 5, batch 32", without_pool, beam),
-             ("a sentence leaves once no live beam can win", "beam 5, batch 32", without_settled, beam),
+             ("a sentence leaves once no live beam can win", "beam 5, batch 32, alpha 0", without_settled,
+              lambda r: beam(r, alpha=0.0)),
              ("top-k by block maxima", "beam 5, batch 32", without_topk, beam),
              ("inference_mode (vs no_grad)", "greedy, batch 32", without_inference_mode, greedy(sorted_batches)),
              ("drop finished sentences", "greedy, batch 32",
