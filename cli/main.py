@@ -6,10 +6,10 @@ exits with code 2.
 
 Idle OpenMP threads spin briefly, then sleep (``GOMP_SPINCOUNT=10000`` for torch's libgomp,
 unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set). On the 2-core CPU shared with 3 other torch
-processes, libgomp's default spin (300,000 rounds) made beam search 2.2-4.6x and training
-2.8-3.2x slower than this; on an idle CPU this cost 0-1% (beam search) and 0-12% (training)
-over two runs, while sleeping at once (OMP_WAIT_POLICY=PASSIVE) cost 13-45%. bench/run.py's
-levers and contended sections measure all three.
+processes, libgomp's default spin (300,000 rounds) made beam search 2.2-9.8x and training
+2.8-3.2x slower than this; on an idle CPU the short spin ran 0.84-1.01x (beam search) and
+0.88-1.08x (training) as fast as the default over four runs, while sleeping at once
+(OMP_WAIT_POLICY=PASSIVE) cost 13-45%. bench/run.py's levers and contended sections measure all three.
 """
 
 from __future__ import annotations

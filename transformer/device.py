@@ -45,8 +45,8 @@ def fused_adam(device: torch.device) -> bool:
     """Whether Adam's fused kernel (one pass over all parameters) runs on ``device``: CUDA, and CPU from torch 2.4.
 
     One kernel over all parameters instead of a loop of small ones per tensor. On the 2-core CPU the
-    optimizer step is a small part of a training step, which ran 0.99-1.08x as fast with it
-    (bench/levers.py); the benchmarks give the Marian peer the same optimizer.
+    optimizer step is a small part of a training step, which ran 0.96-1.08x as fast with it over
+    five runs (bench/levers.py); the benchmarks give the Marian peer the same optimizer.
     """
     if device.type == "cuda":
         return True

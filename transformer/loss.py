@@ -10,7 +10,7 @@ whole update, however many micro-batches it spans.
 time and turned into their gradient, ``(softmax - smoothed target) * keep``, while still in cache,
 so the [tokens, V] logits never exist whole. On the 2-core CPU the projection plus loss of a
 4,000-token batch took 204 instead of 375 ms (d_model 256) and 365 instead of 536 ms (512); the small
-model's whole training step ran 1.10-1.24x faster over three runs (bench/levers.py).
+model's whole training step ran 1.09-1.24x faster over five runs (bench/levers.py).
 """
 
 from __future__ import annotations
