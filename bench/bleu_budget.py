@@ -34,6 +34,7 @@ from transformer.corpus import load_split  # noqa: E402
 from transformer.evaluate import score  # noqa: E402
 from transformer.loss import label_smoothed_nll  # noqa: E402
 from transformer.schedule import learning_rate  # noqa: E402
+from transformer.translator import padded_tensor  # noqa: E402
 from transformer.tokenizer import train_tokenizer  # noqa: E402
 from transformer.train import Trainer  # noqa: E402
 from transformer.translator import Translator  # noqa: E402
@@ -100,12 +101,9 @@ def evaluate_marian(peer, tok, src: list[str], refs: list[str], beam: int, tgt_l
     with torch.inference_mode():
         for k in range(0, len(order), 64):
             rows = order[k:k + 64]
-            longest = max(len(ids[i]) for i in rows)
-            x = torch.full((len(rows), longest), tok.pad_id, dtype=torch.long)
-            for r, i in enumerate(rows):
-                x[r, : len(ids[i])] = torch.tensor(ids[i])
+            x = padded_tensor([ids[i] for i in rows], tok.pad_id)
             out = peer.generate(input_ids=x, attention_mask=(x != tok.pad_id).long(), num_beams=beam,
-                                max_new_tokens=longest + 50, do_sample=False)
+                                max_new_tokens=x.size(1) + 50, do_sample=False)
             for r, i in enumerate(rows):
                 hyps[i] = tok.decode(out[r].tolist())
     s = score(hyps, refs, tgt_lang)

@@ -35,7 +35,7 @@ from transformer import checkpoint
 from transformer.evaluate import score
 from transformer.export import export
 from transformer.search import max_output_lengths
-from transformer.translator import Translator
+from transformer.translator import Translator, padded_tensor
 
 Decoder = Callable[[list[str], int], list[str]]
 
@@ -73,9 +73,7 @@ def marian_decoder(loaded: checkpoint.Loaded, length_penalty: float) -> Decoder:
     def run(lines: list[str], beam: int) -> list[str]:
         ids = tok.encode_batch(lines)
         limits = _limits(ids, d.max_len_a, d.max_len_b)
-        src = torch.full((len(ids), max(map(len, ids)) + 1), tok.pad_id, dtype=torch.long)
-        for row, x in enumerate(ids):
-            src[row, : len(x) + 1] = torch.tensor(x + [tok.end_id])
+        src = padded_tensor([x + [tok.end_id] for x in ids], tok.pad_id)
         stop = {"early_stopping": True, "length_penalty": length_penalty} if beam > 1 else {}
         with torch.inference_mode():
             out = peer.generate(input_ids=src, attention_mask=(src != tok.pad_id).long(), num_beams=beam,

@@ -35,6 +35,7 @@ from transformer.decoder_state import BufferPool, DecoderState
 from transformer.model import Dropout
 from transformer.search import beam_search, greedy_search
 from transformer.tokenizer import Tokenizer
+from transformer.translator import padded_tensor
 
 
 @contextlib.contextmanager
@@ -195,17 +196,12 @@ def _keep_finished_greedy(model: nn.Module, src: Tensor, start_id: int, end_id: 
     return [r[: r.index(end_id)] if end_id in r else r for r in rows]
 
 
-def _padded(ids: list[list[int]], pad: int) -> Tensor:
-    longest = max(map(len, ids))
-    return torch.tensor([x + [pad] * (longest - len(x)) for x in ids])
-
-
 def decoding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[dict[str, Any]]:
     """Search over the test set's sentences in batches of 32, one lever toggled at a time."""
     tok, model = loaded.tokenizer, loaded.model.eval()
     ids = [x + [tok.end_id] for x in tok.encode_batch(lines)]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    sorted_batches = [_padded([ids[i] for i in order[k:k + 32]], tok.pad_id) for k in range(0, len(ids), 32)]
+    sorted_batches = [padded_tensor([ids[i] for i in order[k:k + 32]], tok.pad_id) for k in range(0, len(ids), 32)]
     chunks = [ids[k:k + 128] for k in range(0, len(ids), 128)][:rounds]  # the sorting lever: 128 lines a round
     step = max(len(sorted_batches) // rounds, 1)
     picks = list(range(0, len(sorted_batches), step))[:rounds]  # spread over short and long sentences
@@ -249,7 +245,7 @@ def decoding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[d
 
     def chunk_batches(r: int, sort: bool) -> list[Tensor]:
         chunk = sorted(chunks[r], key=len) if sort else chunks[r]
-        return [_padded(chunk[k:k + 32], tok.pad_id) for k in range(0, len(chunk), 32)]
+        return [padded_tensor(chunk[k:k + 32], tok.pad_id) for k in range(0, len(chunk), 32)]
 
     def by_chunk(sort: bool) -> Callable[[int], list[list[int]]]:
         return lambda r: sorted(h.tokens for b in chunk_batches(r, sort) for h in greedy_search(model, b, s, e))

@@ -42,6 +42,14 @@ def clean_line(line: str) -> str:
     return _SPACES.sub(" ", line).strip()
 
 
+def padded_tensor(ids: list[list[int]], pad_id: int) -> torch.Tensor:
+    """Token id lists as one right-padded [len(ids), longest] long tensor, as the search takes its source."""
+    src = torch.full((len(ids), max(map(len, ids))), pad_id, dtype=torch.long)
+    for row, seq in enumerate(ids):
+        src[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+    return src
+
+
 @dataclass
 class Translation:
     """The n-best hypotheses of one input line, best first, as text and scores."""
@@ -112,12 +120,8 @@ class Translator:
         cleaned = [clean_line(line) for line in lines]
         ids = self._ids(cleaned, first_line_no)
         out = [Translation([], []) for _ in lines]
-        pad = self.tokenizer.pad_id
         for batch in self._batches(ids):
-            longest = max(len(ids[i]) for i in batch)
-            src = torch.full((len(batch), longest), pad, dtype=torch.long)
-            for row, i in enumerate(batch):
-                src[row, : len(ids[i])] = torch.tensor(ids[i])
+            src = padded_tensor([ids[i] for i in batch], self.tokenizer.pad_id)
             hyps = self._search(src.to(self.device), beam, nbest)
             texts = self.tokenizer.decode_batch([h.tokens for hs in hyps for h in hs])
             k = 0
