@@ -73,9 +73,9 @@ class Dropout(nn.Dropout):
     """nn.Dropout, with masks drawn 4 at a time from 64-bit random integers on the CPU.
 
     torch's CPU dropout draws one Bernoulli sample per element; with this the small model's training
-    step ran 1.05-1.19x faster on the 2-core CPU over five runs (bench/levers.py). Each random int64 gives four
-    16-bit lanes, and a lane keeps its element when it is at or above the threshold: the drop rate
-    is p rounded to a multiple of 2^-16. Elsewhere (CUDA has a fused kernel) and in eval mode this
+    step ran 1.05-1.19x faster on the 2-core CPU over five runs (bench/levers.py). Each random int64
+    gives four 16-bit lanes, and a lane keeps its element when it is at or above the threshold: the
+    drop rate is p rounded to a multiple of 2^-16. Elsewhere (CUDA has a fused kernel) and in eval mode this
     is nn.Dropout.
     """
 
