@@ -48,11 +48,11 @@ class Setting:
     batch: int
 
 
-def tfm_decoder(loaded: checkpoint.Loaded, precision: str = "fp32") -> Decoder:
+def tfm_decoder(loaded: checkpoint.Loaded, precision: str = "fp32", device: str = "cpu") -> Decoder:
     """tfm's Translator; each call's lines form one batch."""
     decode = replace(loaded.cfg.decode, batch_tokens=10**9)
-    t = Translator(loaded.model, loaded.tokenizer, decode, loaded.cfg.model.max_positions, torch.device("cpu"),
-                   precision)
+    t = Translator(loaded.model.to(device), loaded.tokenizer, decode, loaded.cfg.model.max_positions,
+                   torch.device(device), precision)
     return lambda lines, beam: [x.best for x in t.translate_chunk(lines, beam=beam)]
 
 
@@ -65,15 +65,15 @@ def _until_end(row: list[int], end_id: int, limit: int) -> list[int]:
     return (row[: row.index(end_id)] if end_id in row else row)[:limit]
 
 
-def marian_decoder(loaded: checkpoint.Loaded, length_penalty: float) -> Decoder:
+def marian_decoder(loaded: checkpoint.Loaded, length_penalty: float, device: str = "cpu") -> Decoder:
     """transformers' ``generate`` on a MarianMTModel holding tfm's weights."""
     tok, d = loaded.tokenizer, loaded.cfg.decode
-    peer = copy_tfm_weights(build_marian(loaded.cfg.model, tok), loaded.model).eval()
+    peer = copy_tfm_weights(build_marian(loaded.cfg.model, tok).to(device), loaded.model).eval()
 
     def run(lines: list[str], beam: int) -> list[str]:
         ids = tok.encode_batch(lines)
         limits = _limits(ids, d.max_len_a, d.max_len_b)
-        src = padded_tensor([x + [tok.end_id] for x in ids], tok.pad_id)
+        src = padded_tensor([x + [tok.end_id] for x in ids], tok.pad_id).to(device)
         stop = {"early_stopping": True, "length_penalty": length_penalty} if beam > 1 else {}
         with torch.inference_mode():
             out = peer.generate(input_ids=src, attention_mask=(src != tok.pad_id).long(), num_beams=beam,

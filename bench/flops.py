@@ -29,14 +29,20 @@ def train_flops(m: ModelConfig, vocab: int, batch: int, src_len: int, tgt_len: i
     return 3 * forward_flops(m, vocab, batch, src_len, tgt_len)
 
 
-def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
-    """Best GFLOP/s of an n x n matmul in ``dtype`` over ``repeats`` tries (best, not median: it is a ceiling)."""
-    a = torch.randn(n, n).to(dtype)
-    b = torch.randn(n, n).to(dtype)
+def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 5, device: torch.device | str = "cpu") -> float:
+    """Best GFLOP/s of an n x n matmul in ``dtype`` over ``repeats`` tries (best, not median: it is a ceiling).
+
+    Random operands (zeros run faster on a GPU); on a GPU each try is synchronized before the clock is read.
+    """
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     a @ b  # warm-up
+    sync()
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
         a @ b
+        sync()
         best = min(best, time.perf_counter() - start)
     return 2 * n**3 / best / 1e9

@@ -48,9 +48,15 @@ def bench_batches(cfg: Config, tok: Tokenizer, count: int, cache: str) -> list[B
     return [collate(data, order[i], tok) for i in range(count)]
 
 
-def optimizer(model: torch.nn.Module, cfg: Config, fused: bool | None = None) -> torch.optim.Optimizer:
+def optimizer(model: torch.nn.Module, cfg: Config, fused: bool | None = None,
+              device: torch.device = CPU) -> torch.optim.Optimizer:
     """Adam as the Trainer makes it, at a fixed lr of 1e-4 (fused where torch has it, unless ``fused`` says otherwise)."""
-    return make_optimizer(model, cfg.train, CPU, lr=1e-4, fused=fused)
+    return make_optimizer(model, cfg.train, device, lr=1e-4, fused=fused)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor, clip: float) -> None:
@@ -61,44 +67,48 @@ def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor
 
 
 def tfm_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batches: list[Batch], precision: str, cfg: Config,
-             fused_loss: bool = True) -> Callable[[int], None]:
+             fused_loss: bool = True, device: torch.device = CPU) -> Callable[[int], None]:
     """A function running tfm's training step r on batch r (cycling through ``batches``), as the Trainer does.
 
-    fused_loss=False makes the logits whole and scores them with ``label_smoothed_nll`` instead.
+    fused_loss=False makes the logits whole and scores them with ``label_smoothed_nll`` instead. On a GPU
+    the step ends with a synchronize, so that a host clock times the work, not its launch.
     """
     eps, clip = cfg.train.label_smoothing, cfg.train.clip_norm
 
     def step(r: int) -> None:
         b = batches[r % len(batches)]
-        with autocast(precision, CPU):
+        with autocast(precision, device):
             if fused_loss:
                 hidden = model(b.src, b.tgt_in, logits=False)
                 loss, _ = generator_loss(hidden, model.generator.weight, b.tgt_out, eps, Tokenizer.PAD_ID)
             else:
                 loss, _ = label_smoothed_nll(model(b.src, b.tgt_in), b.tgt_out, eps, Tokenizer.PAD_ID)
         _step(model, opt, loss / b.n_tokens, clip)
+        _sync(device)
 
     return step
 
 
 def measure(cfg: Config, tok: Tokenizer, batches: list[Batch], precision: str, rounds: int,
-            warmup: int) -> dict[str, Stats | float]:
-    """tfm and Marian steps alternated over ``batches``; per-system medians and the paired tfm/peer ratio."""
+            warmup: int, device: torch.device = CPU) -> dict[str, Stats | float]:
+    """tfm and Marian steps alternated over ``batches`` (already on ``device``); per-system medians and the paired
+    tfm/peer ratio."""
     torch.manual_seed(cfg.seed)
-    ours = checkpoint.build_model(cfg, tok).train()
-    peer = build_marian(cfg.model, tok).train()
-    peer_opt = optimizer(peer, cfg)
+    ours = checkpoint.build_model(cfg, tok).to(device).train()
+    peer = build_marian(cfg.model, tok).to(device).train()
+    peer_opt = optimizer(peer, cfg, device=device)
     eps, pad, clip = cfg.train.label_smoothing, tok.pad_id, cfg.train.clip_norm
 
     def marian(r: int) -> None:
         b = batches[r % len(batches)]
-        with autocast(precision, CPU):
+        with autocast(precision, device):
             logits = marian_logits(peer, b.src, b.tgt_in, pad)
         loss = F.cross_entropy(logits.flatten(0, 1).float(), b.tgt_out.flatten(), ignore_index=pad,
                                label_smoothing=eps, reduction="sum")
         _step(peer, peer_opt, loss / b.n_tokens, clip)
+        _sync(device)
 
-    tfm = tfm_step(ours, optimizer(ours, cfg), batches, precision, cfg)
+    tfm = tfm_step(ours, optimizer(ours, cfg, device=device), batches, precision, cfg, device=device)
     times = interleave({"tfm": tfm, "marian": marian}, warmup + rounds)
     used = [batches[r % len(batches)] for r in range(warmup, warmup + rounds)]
     out: dict[str, Stats | float] = {}

@@ -1,0 +1,186 @@
+"""GPU figures in one run: the card's matmul peaks, base-shape training tokens/s and MFU (tfm vs Marian),
+padding to multiples of 8, the fused loss, decoding speed (tfm vs transformers' generate), torch.compile.
+
+Every system runs on the same GPU in the same process, in alternation (bench/common.py). Training
+steps are those of bench/train_speed.py, each ending with a synchronize; MFU is model FLOPs per
+second (bench/flops.py) over the bf16 (or fp32) matmul peak measured here on 8192 x 8192 operands.
+
+Run: python bench/gpu.py --checkpoint runs/bench_small/best [--data DIR] [--json PATH] [--sections train,decode]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from common import DEFAULT_DATA, interleave, machine, median, paired_ratio, shape_config
+
+import torch  # noqa: E402  (common set the OpenMP policy first)
+
+import decode_speed  # noqa: E402
+import train_speed  # noqa: E402
+from flops import matmul_peak, train_flops  # noqa: E402
+from transformer import checkpoint  # noqa: E402
+from transformer.batching import collate, encode_corpus, make_batches  # noqa: E402
+from transformer.corpus import load_split  # noqa: E402
+from transformer.tokenizer import Tokenizer, train_tokenizer  # noqa: E402
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def peaks(device: torch.device) -> dict[str, float]:
+    """GFLOP/s of a square matmul (8192 on a GPU) in each precision (fp32 as torch runs it by default: no TF32)."""
+    n = 8192 if device.type == "cuda" else 2048
+    return {p: matmul_peak(dt, n=n, repeats=10, device=device) for p, dt in DTYPES.items()}
+
+
+def train_rows(cfg, tok: Tokenizer, device: torch.device, peak: dict[str, float], cache: str,
+               rounds: int) -> list[dict[str, Any]]:
+    """tfm vs Marian for the config's model, at the config's 4,096-token batches and at the paper's 25,000-token update."""
+    data = encode_corpus(load_split(cfg.data, cfg.data.train_split), tok, cfg.data.max_len, cache)
+    rows = []
+    for batch_tokens, precisions in ((4096, ("bf16", "fp32")), (25000, ("bf16",))):
+        order = make_batches(data, batch_tokens, cfg.seed, 0, shuffle=True, pad_multiple=8)
+        batches = [collate(data, order[i], tok, 8).to(device) for i in range(8)]
+        for precision in precisions:
+            out = train_speed.measure(cfg, tok, batches, precision, rounds, min(4, rounds), device)
+            row = {"batch_tokens": batch_tokens, "precision": precision, "ratio_vs_marian": out["ratio"],
+                   **{f"{n}_{k}": v for n in ("tfm", "marian") for k, v in vars(out[n]).items()}}
+            for n in ("tfm", "marian"):
+                row[f"{n}_mfu"] = row[f"{n}_gflops"] / peak[precision]
+            rows.append(row)
+            print(f"train {cfg.name} {precision} {batch_tokens} tok/batch: tfm {row['tfm_tgt_tok_s']:,.0f} tgt tok/s "
+                  f"(MFU {row['tfm_mfu']:.1%}), Marian {row['marian_tgt_tok_s']:,.0f} (MFU {row['marian_mfu']:.1%}), "
+                  f"ratio {out['ratio']:.2f}", flush=True)
+    return rows
+
+
+def padding_row(cfg, tok: Tokenizer, device: torch.device, cache: str, rounds: int) -> dict[str, Any]:
+    """The same 4,096-token batches padded to the longest sentence and to a multiple of 8, bf16, alternated."""
+    data = encode_corpus(load_split(cfg.data, cfg.data.train_split), tok, cfg.data.max_len, cache)
+    order = make_batches(data, 4096, cfg.seed, 0, shuffle=True)[:8]
+    steps = {}
+    for multiple in (1, 8):
+        torch.manual_seed(cfg.seed)
+        model = checkpoint.build_model(cfg, tok).to(device).train()
+        batches = [collate(data, idx, tok, multiple).to(device) for idx in order]
+        steps[f"pad_multiple {multiple}"] = train_speed.tfm_step(model, train_speed.optimizer(model, cfg, device=device),
+                                                                 batches, "bf16", cfg, device=device)
+    warmup = min(4, rounds)
+    times = {k: v[warmup:] for k, v in interleave(steps, warmup + rounds).items()}
+    ratio = paired_ratio(times["pad_multiple 1"], times["pad_multiple 8"])
+    print(f"padding to multiples of 8 (bf16, 4,096 tok/batch): {ratio:.2f}x", flush=True)
+    return {"pad8_vs_pad1": ratio, **{f"{k} step_s": median(v) for k, v in times.items()}}
+
+
+def loss_row(cfg, tok: Tokenizer, device: torch.device, cache: str, rounds: int) -> dict[str, Any]:
+    """The fused generator loss against logits made whole then scored, bf16, 25,000-token batches."""
+    data = encode_corpus(load_split(cfg.data, cfg.data.train_split), tok, cfg.data.max_len, cache)
+    order = make_batches(data, 25000, cfg.seed, 0, shuffle=True)
+    batches = [collate(data, order[i], tok).to(device) for i in range(8)]
+    steps = {}
+    for fused in (False, True):
+        torch.manual_seed(cfg.seed)
+        model = checkpoint.build_model(cfg, tok).to(device).train()
+        steps[f"fused {fused}"] = train_speed.tfm_step(model, train_speed.optimizer(model, cfg, device=device), batches,
+                                                       "bf16", cfg, fused_loss=fused, device=device)
+    warmup = min(4, rounds)
+    times = {k: v[warmup:] for k, v in interleave(steps, warmup + rounds).items()}
+    ratio = paired_ratio(times["fused False"], times["fused True"])
+    print(f"fused generator loss vs whole logits (bf16, 25,000 tok/batch): {ratio:.2f}x", flush=True)
+    return {"fused_vs_whole": ratio, **{f"{k} step_s": median(v) for k, v in times.items()}}
+
+
+def compile_row(cfg, tok: Tokenizer, device: torch.device, peak: dict[str, float], cache: str,
+                rounds: int) -> dict[str, Any]:
+    """torch.compile (dynamic shapes) against eager, bf16, 4,096-token batches padded to multiples of 8."""
+    data = encode_corpus(load_split(cfg.data, cfg.data.train_split), tok, cfg.data.max_len, cache)
+    order = make_batches(data, 4096, cfg.seed, 0, shuffle=True, pad_multiple=8)
+    batches = [collate(data, order[i], tok, 8).to(device) for i in range(8)]
+    steps, first = {}, {}
+    for name in ("eager", "compiled"):
+        torch.manual_seed(cfg.seed)
+        model = checkpoint.build_model(cfg, tok).to(device).train()
+        run = torch.compile(model, dynamic=True) if name == "compiled" else model
+        steps[name] = train_speed.tfm_step(run, train_speed.optimizer(model, cfg, device=device), batches, "bf16",
+                                           cfg, device=device)
+        start = time.perf_counter()
+        for r in range(len(batches)):  # every shape once: compilation stays out of the timed rounds
+            steps[name](r)
+        first[name] = time.perf_counter() - start
+    times = interleave(steps, rounds)
+    flops = median([train_flops(cfg.model, tok.vocab_size, b.src.size(0), b.src.size(1), b.tgt_in.size(1))
+                    / t for b, t in zip(batches * rounds, times["compiled"])])
+    out = {"compiled_vs_eager": paired_ratio(times["eager"], times["compiled"]), "warmup_s": first,
+           "compiled_mfu": flops / 1e9 / peak["bf16"]}
+    print(f"torch.compile (bf16, 4,096 tok/batch): {out['compiled_vs_eager']:.2f}x eager, first 8 steps "
+          f"{first['compiled']:.0f} s compiled vs {first['eager']:.1f} s eager", flush=True)
+    return out
+
+
+def decode_rows(ckpt: Path, data: str, device: torch.device, sentences: int) -> list[dict[str, Any]]:
+    """Sentences/s on test_2016_flickr: tfm fp32 and bf16 against generate fp32, all on the GPU."""
+    loaded = checkpoint.load(ckpt, "cpu")
+    d = loaded.cfg.data
+    lines = gzip.open(Path(data) / f"test_2016_flickr.{d.src_lang}.gz", "rt", encoding="utf-8").read().splitlines()
+    refs = gzip.open(Path(data) / f"test_2016_flickr.{d.tgt_lang}.gz", "rt", encoding="utf-8").read().splitlines()
+    systems = {"tfm": decode_speed.tfm_decoder(loaded, "fp32", str(device)),
+               "tfm_bf16": decode_speed.tfm_decoder(loaded, "bf16", str(device)),
+               "transformers": decode_speed.marian_decoder(loaded, loaded.cfg.decode.alpha, str(device))}
+    rows = []
+    for beam in (1, 5):
+        for batch in (32, 128):
+            rounds = max(1, sentences // batch // 2)
+            out = decode_speed.measure(systems, lines, refs, loaded.tokenizer, d.tgt_lang,
+                                       decode_speed.Setting(beam, batch), rounds, 2)
+            rows.append({"beam": beam, "batch": batch, **out})
+            print(f"decode beam {beam} batch {batch}: " + ", ".join(
+                f"{k} {v['sentences_per_s']:.0f} sent/s ({v['tfm_speedup']:.2f}x) BLEU {v['bleu']:.2f}"
+                for k, v in out.items()), flush=True)
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", type=Path, required=True, help="a trained small checkpoint for decoding")
+    p.add_argument("--data", default=DEFAULT_DATA, help="Multi30k folder")
+    p.add_argument("--json", type=Path, default=Path("runs/gpu.json"))
+    p.add_argument("--sections", default="train,padding,loss,decode,compile", help="which measurements, in order")
+    p.add_argument("--decode-sentences", type=int, default=1000, help="test sentences per decoding setting")
+    p.add_argument("--quick", action="store_true", help="a few rounds only (checks that the script runs)")
+    p.add_argument("--device", default="cuda", help="cuda, or cpu to check the script without a GPU")
+    p.add_argument("--shape", default="base", help="the configs/<shape>.yaml model to train")
+    args = p.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("bench/gpu.py needs a CUDA GPU; on the CPU run bench/run.py, or pass --device cpu --quick")
+    device = torch.device(args.device)
+    rounds, sentences = (2, 128) if args.quick else (16, args.decode_sentences)
+    cache = str(args.json.parent / ".cache")
+    cfg = shape_config(args.shape, args.data)
+    card = torch.cuda.get_device_name() if device.type == "cuda" else machine()["cpu"]
+    result: dict[str, Any] = {"machine": machine(), "card": card, "cuda": torch.version.cuda}
+    result["peak_gflops"] = peak = peaks(device)
+    print(f"{card}: matmul peak bf16 {peak['bf16']:,.0f} GFLOP/s, fp32 {peak['fp32']:,.0f}", flush=True)
+    tok = train_tokenizer(cfg.tokenizer, load_split(cfg.data, cfg.data.train_split))
+    sections = {"train": lambda: train_rows(cfg, tok, device, peak, cache, rounds),
+                "padding": lambda: padding_row(cfg, tok, device, cache, rounds),
+                "loss": lambda: loss_row(cfg, tok, device, cache, rounds),
+                "decode": lambda: decode_rows(args.checkpoint, args.data, device, sentences),
+                "compile": lambda: compile_row(cfg, tok, device, peak, cache, rounds)}
+    for name in args.sections.split(","):
+        try:
+            result[name] = sections[name]()
+        except Exception as e:  # one failing section must not lose the others' figures
+            result[name] = {"error": f"{type(e).__name__}: {e}"}
+            print(f"{name}: failed: {type(e).__name__}: {e}", flush=True)
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
