@@ -3,7 +3,7 @@
 import torch
 import torch.nn.functional as F
 
-from transformer.loss import generator_loss, label_smoothed_nll
+from transformer.loss import chunk_rows, generator_loss, label_smoothed_nll
 
 
 def test_matches_torch_cross_entropy_and_ignores_pad():
@@ -57,3 +57,9 @@ def test_generator_loss_without_gradients():
         loss, nll = generator_loss(hidden, weight, target, 0.1, 0)
     want = label_smoothed_nll(hidden @ weight.t(), target, 0.1, 0)
     torch.testing.assert_close((loss, nll), want)
+
+
+def test_chunks_are_cache_sized_on_cpu_and_large_on_gpu():
+    assert chunk_rows(torch.device("cpu"), 8000) == 128
+    assert chunk_rows(torch.device("cuda"), 8000) == 2**26 // 8000
+    assert chunk_rows(torch.device("cuda"), 10**7) == 128  # never fewer rows than on a CPU

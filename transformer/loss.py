@@ -6,11 +6,14 @@ sums over non-pad target tokens, so the caller divides by the token count of the
 whole update, however many micro-batches it spans.
 
 ``label_smoothed_nll`` scores logits (validation, and the reference in tests). Training uses
-``generator_loss``, which fuses the output projection with the loss: logits are made 128 rows at a
-time and turned into their gradient, ``(softmax - smoothed target) * keep``, while still in cache,
-so the [tokens, V] logits never exist whole. On the 2-core CPU the projection plus loss of a
-4,000-token batch took 204 instead of 375 ms (d_model 256) and 365 instead of 536 ms (512); the small
-model's whole training step ran 1.09-1.24x faster over five runs (bench/levers.py).
+``generator_loss``, which fuses the output projection with the loss: logits are made a chunk of
+rows at a time and turned into their gradient, ``(softmax - smoothed target) * keep``, while still
+in cache, so the [tokens, V] logits never exist whole. On the 2-core CPU (128-row chunks) the
+projection plus loss of a 4,000-token batch took 204 instead of 375 ms (d_model 256) and 365 instead
+of 536 ms (512); the small model's whole training step ran 1.09-1.24x faster over five runs
+(bench/levers.py). On an H200 (chunks of up to 256 MB of logits) the base model's bf16 step on
+25,000-token batches ran 0.98x as fast as with whole logits (bench/gpu.py): no gain there, but the
+memory of the logits is saved.
 """
 
 from __future__ import annotations
@@ -19,7 +22,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-CHUNK = 128  # rows of logits made at once: the fastest of 128-1024 on the 2-core CPU (4 MB at V = 8,000)
+CPU_CHUNK = 128  # rows of logits made at once on a CPU: the fastest of 128-1024 on the 2-core CPU (4 MB at V = 8,000)
+GPU_CHUNK_ELEMENTS = 2**26  # on a GPU, logits of up to 256 MB at once: a few large kernels instead of many small ones
+
+
+def chunk_rows(device: torch.device, V: int) -> int:
+    """Rows of logits ``generator_loss`` makes at once: cache-sized on a CPU, large on a GPU.
+
+    On an H200, 128-row chunks made a 25,000-token base training step 2.4x slower: 200 chunks of small kernels.
+    """
+    return CPU_CHUNK if device.type == "cpu" else max(CPU_CHUNK, GPU_CHUNK_ELEMENTS // V)
 
 
 def label_smoothed_nll(logits: Tensor, target: Tensor, eps: float, pad_id: int) -> tuple[Tensor, Tensor]:
@@ -50,8 +62,9 @@ class _GeneratorLoss(torch.autograd.Function):
         keep = (target != pad_id).float()
         loss = hidden.new_zeros((), dtype=torch.float32)
         nll = hidden.new_zeros((), dtype=torch.float32)
-        for s in range(0, h.size(0), CHUNK):
-            hc, tc, kc = h[s : s + CHUNK], target[s : s + CHUNK, None], keep[s : s + CHUNK, None]
+        rows = chunk_rows(hidden.device, V)
+        for s in range(0, h.size(0), rows):
+            hc, tc, kc = h[s : s + rows], target[s : s + rows, None], keep[s : s + rows, None]
             logits = (hc @ w.t()).float()
             lse = torch.logsumexp(logits, dim=-1, keepdim=True)
             nll_c = ((lse - logits.gather(1, tc)) * kc).sum()
@@ -61,7 +74,7 @@ class _GeneratorLoss(torch.autograd.Function):
                 g = logits.sub_(lse).exp_().sub_(eps / V).mul_(kc)  # (softmax - eps/V) * keep, in place
                 g.scatter_add_(1, tc, kc * -(1.0 - eps))  # minus (1 - eps) at the target
                 g = g.to(dtype)
-                torch.mm(g, w, out=grad_h[s : s + CHUNK])
+                torch.mm(g, w, out=grad_h[s : s + rows])
                 if dtype == torch.float32:
                     grad_w.addmm_(g.t(), hc)
                 else:
