@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from tiny import tiny_config
 from transformer import checkpoint
 from transformer.tokenizer import Tokenizer
-from transformer.translator import TranslateError, Translator, clean_line
+from transformer.translator import TranslateError, Translator, clean_line, matmul_weights_in
 
 SENTENCES = ["Ein Mann fährt Fahrrad.", "A man rides a bike.", "Der Hund läuft im Park.", "The dog runs."] * 20
 
@@ -72,3 +72,18 @@ def test_any_unicode_gives_one_line_per_input(translator, lines):
     out = translator.translate_chunk(lines, beam=1)
     assert len(out) == len(lines)
     assert all("\n" not in o.best for o in out)
+
+
+def test_half_precision_casts_weights_once_and_translates_as_autocast(translator):
+    """bf16 decoding on a copy with bf16 Linear weights: the same output as autocast over the fp32 model."""
+    model = translator.model
+    half = matmul_weights_in(model, torch.bfloat16)
+    assert {m.weight.dtype for m in half.modules() if isinstance(m, torch.nn.Linear)} == {torch.bfloat16}
+    assert half.src_embed.weight.dtype == torch.float32 and model.generator.weight.dtype == torch.float32
+    assert model.generator.weight is model.src_embed.weight  # the original is untouched, still tied
+    t = Translator(model, translator.tokenizer, translator.decode, translator.max_positions, torch.device("cpu"), "bf16")
+    assert t.model is not model
+    lines = SENTENCES[:8]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = [(o.texts, o.scores) for o in translator.translate_chunk(lines, beam=3, nbest=2)]
+    assert [(o.texts, o.scores) for o in t.translate_chunk(lines, beam=3, nbest=2)] == want

@@ -7,6 +7,7 @@ output per input line, an empty line for an empty line, whatever the batch size.
 
 from __future__ import annotations
 
+import copy
 import re
 import sys
 import unicodedata
@@ -15,10 +16,12 @@ from itertools import islice
 from typing import Iterable, Iterator
 
 import torch
+from torch import nn
 
 from transformer.errors import UserError
 from transformer.config import DecodeConfig
-from transformer.device import autocast, decoding_threads
+from transformer.decoder_state import BufferPool
+from transformer.device import DTYPES, autocast, decoding_threads, shape_changing_attention
 from transformer.model import Transformer
 from transformer.search import Hypothesis, beam_search, greedy_search
 from transformer.tokenizer import Tokenizer
@@ -50,6 +53,23 @@ def padded_tensor(ids: list[list[int]], pad_id: int) -> torch.Tensor:
     return src
 
 
+def matmul_weights_in(model: Transformer, dtype: torch.dtype) -> Transformer:
+    """A frozen copy of ``model`` whose Linear weights and biases are cast to ``dtype`` once, for decoding under autocast.
+
+    Autocast caches no casts under inference mode, so every decoding step cast every weight again
+    (the generator's 8,000 x 256 once per step). Cast ahead, the outputs are the same: autocast
+    rounds the same weights the same way. The generator gets its own copy of the tied embedding
+    table, so that embeddings stay in fp32 as under autocast.
+    """
+    half = copy.deepcopy(model).eval().requires_grad_(False)
+    half.kv_pool = BufferPool()
+    half.generator.weight = nn.Parameter(half.generator.weight.detach().to(dtype), requires_grad=False)
+    for module in half.modules():
+        if isinstance(module, nn.Linear):
+            module.to(dtype)
+    return half
+
+
 @dataclass
 class Translation:
     """The n-best hypotheses of one input line, best first, as text and scores."""
@@ -68,7 +88,7 @@ class Translator:
 
     def __init__(self, model: Transformer, tokenizer: Tokenizer, decode: DecodeConfig, max_positions: int,
                  device: torch.device, precision: str = "fp32") -> None:
-        self.model = model.eval()
+        self.model = model.eval() if precision == "fp32" else matmul_weights_in(model, DTYPES[precision])
         self.tokenizer = tokenizer
         self.decode = decode
         self.max_positions = max_positions
@@ -105,7 +125,8 @@ class Translator:
     def _search(self, src: torch.Tensor, beam: int, nbest: int) -> list[list[Hypothesis]]:
         t = self.tokenizer
         d = self.decode
-        with autocast(self.precision, self.device), decoding_threads(self.device, src.size(0) * beam):
+        with (autocast(self.precision, self.device), decoding_threads(self.device, src.size(0) * beam),
+              shape_changing_attention(self.device)):
             if beam == 1:
                 return [[h] for h in greedy_search(self.model, src, t.start_id, t.end_id, d.max_len_a, d.max_len_b)]
             return beam_search(self.model, src, t.start_id, t.end_id, beam=beam, alpha=d.alpha, nbest=nbest,
