@@ -1,8 +1,9 @@
-"""Speed settings chosen per device: fused Adam where torch has it, one CPU thread for small decoding batches."""
+"""Speed settings chosen per device: fused Adam where torch has it, one CPU thread for small decoding batches,
+no cuDNN attention while decoding on CUDA."""
 
 import torch
 
-from transformer.device import SMALL_DECODE_ROWS, decoding_threads, fused_adam
+from transformer.device import SMALL_DECODE_ROWS, decoding_threads, fused_adam, shape_changing_attention
 
 
 def test_fused_adam_on_cpu_and_cuda_only():
@@ -24,3 +25,15 @@ def test_small_cpu_batches_decode_on_one_thread_and_restore_the_count():
             assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_decoding_on_cuda_leaves_cudnn_attention_out_and_restores_it():
+    """The backend switches are process-wide flags, readable without a GPU."""
+    cuda = torch.backends.cuda
+    assert cuda.cudnn_sdp_enabled()
+    with shape_changing_attention(torch.device("cuda")):
+        assert not cuda.cudnn_sdp_enabled()
+        assert cuda.flash_sdp_enabled() and cuda.mem_efficient_sdp_enabled() and cuda.math_sdp_enabled()
+    assert cuda.cudnn_sdp_enabled()
+    with shape_changing_attention(torch.device("cpu")):
+        assert cuda.cudnn_sdp_enabled()

@@ -7,10 +7,11 @@ from collections.abc import Iterator
 from typing import ContextManager
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from transformer.config import ConfigError
 
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # the half precisions, by config name
 
 
 def resolve_device(name: str) -> torch.device:
@@ -38,7 +39,7 @@ def autocast(precision: str, device: torch.device) -> ContextManager:
     """Mixed precision for the forward pass; fp32 is a no-op context."""
     if precision == "fp32":
         return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=_DTYPES[precision])
+    return torch.autocast(device_type=device.type, dtype=DTYPES[precision])
 
 
 def fused_adam(device: torch.device) -> bool:
@@ -77,3 +78,16 @@ def decoding_threads(device: torch.device, rows: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+def shape_changing_attention(device: torch.device) -> ContextManager:
+    """SDPA without its cuDNN backend on CUDA, for attention whose shapes change at every call (decoding).
+
+    Recent PyTorch builds prefer cuDNN attention on Hopper GPUs (H100, H200) in bf16 and fp16, and
+    cuDNN builds an execution plan for each new shape; incremental decoding grows the key length by
+    one every step. On an H200 (torch 2.11, CUDA 13) bf16 decoding ran 7-20x slower than fp32,
+    which cuDNN attention does not serve. Flash, memory-efficient and math kernels need no plans.
+    """
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
