@@ -61,8 +61,8 @@ def matmul_weights_in(model: Transformer, dtype: torch.dtype) -> Transformer:
     rounds the same weights the same way. The generator gets its own copy of the tied embedding
     table, so that embeddings stay in fp32 as under autocast.
     """
-    half = copy.deepcopy(model).eval().requires_grad_(False)
-    half.kv_pool = BufferPool()
+    half = copy.deepcopy(model, {id(model.kv_pool): BufferPool()})  # a pool of its own, not a copy of the buffers
+    half.eval().requires_grad_(False)
     half.generator.weight = nn.Parameter(half.generator.weight.detach().to(dtype), requires_grad=False)
     for module in half.modules():
         if isinstance(module, nn.Linear):
