@@ -34,10 +34,9 @@ from transformer.corpus import load_split  # noqa: E402
 from transformer.evaluate import score  # noqa: E402
 from transformer.loss import label_smoothed_nll  # noqa: E402
 from transformer.schedule import learning_rate  # noqa: E402
-from transformer.translator import padded_tensor  # noqa: E402
 from transformer.tokenizer import train_tokenizer  # noqa: E402
 from transformer.train import Trainer  # noqa: E402
-from transformer.translator import Translator  # noqa: E402
+from transformer.translator import Translator, padded_tensor  # noqa: E402
 
 
 # The peer's recipe as measured on this machine (issue 4): peak 5e-4 after 200 linear warm-up steps.

@@ -14,18 +14,21 @@ import argparse
 import gzip
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from common import DEFAULT_DATA, interleave, machine, median, paired_ratio, shape_config
 
 import torch  # noqa: E402  (common set the OpenMP policy first)
+from torch import nn  # noqa: E402
 
 import decode_speed  # noqa: E402
 import train_speed  # noqa: E402
 from flops import matmul_peak, train_flops  # noqa: E402
+from levers import lever_row, model_factory  # noqa: E402
 from transformer import checkpoint  # noqa: E402
-from transformer.batching import collate, encode_corpus, make_batches  # noqa: E402
+from transformer.batching import Batch, EncodedCorpus, collate, encode_corpus, make_batches  # noqa: E402
 from transformer.corpus import load_split  # noqa: E402
 from transformer.tokenizer import Tokenizer, train_tokenizer  # noqa: E402
 
@@ -38,14 +41,33 @@ def peaks(device: torch.device) -> dict[str, float]:
     return {p: matmul_peak(dt, n=n, repeats=10, device=device) for p, dt in DTYPES.items()}
 
 
-def train_rows(cfg, tok: Tokenizer, device: torch.device, peak: dict[str, float], cache: str,
+def _collated(data: EncodedCorpus, tok: Tokenizer, order: list[list[int]], pad_multiple: int,
+              device: torch.device) -> list[Batch]:
+    """The first 8 batches of ``order``, collated and on ``device``."""
+    return [collate(data, idx, tok, pad_multiple).to(device) for idx in order[:8]]
+
+
+def _tfm_step(cfg, tok: Tokenizer, device: torch.device, batches: list[Batch], fused_loss: bool = True,
+              wrap: Callable[[nn.Module], nn.Module] = lambda m: m) -> Callable[[int], None]:
+    """tfm's bf16 training step on a fresh model (the same initial weights every time), run through ``wrap``."""
+    model = model_factory(cfg, tok)().to(device)
+    return train_speed.tfm_step(wrap(model), train_speed.optimizer(model, cfg, device=device), batches, "bf16", cfg,
+                                fused_loss=fused_loss, device=device)
+
+
+def _without_with(without: Callable[[int], None], with_: Callable[[int], None], rounds: int) -> dict[str, list[float]]:
+    """Seconds per round of both, alternated, after up to 4 warm-up rounds."""
+    warmup = min(4, rounds)
+    return {k: v[warmup:] for k, v in interleave({"without": without, "with": with_}, warmup + rounds).items()}
+
+
+def train_rows(cfg, tok: Tokenizer, data: EncodedCorpus, device: torch.device, peak: dict[str, float],
                rounds: int) -> list[dict[str, Any]]:
     """tfm vs Marian for the config's model, at the config's 4,096-token batches and at the paper's 25,000-token update."""
-    data = encode_corpus(load_split(cfg.data, cfg.data.train_split), tok, cfg.data.max_len, cache)
     rows = []
     for batch_tokens, precisions in ((4096, ("bf16", "fp32")), (25000, ("bf16",))):
         order = make_batches(data, batch_tokens, cfg.seed, 0, shuffle=True, pad_multiple=8)
-        batches = [collate(data, order[i], tok, 8).to(device) for i in range(8)]
+        batches = _collated(data, tok, order, 8, device)
         for precision in precisions:
             out = train_speed.measure(cfg, tok, batches, precision, rounds, min(4, rounds), device)
             row = {"batch_tokens": batch_tokens, "precision": precision, "ratio_vs_marian": out["ratio"],
@@ -59,58 +81,36 @@ def train_rows(cfg, tok: Tokenizer, device: torch.device, peak: dict[str, float]
     return rows
 
 
-def padding_row(cfg, tok: Tokenizer, device: torch.device, cache: str, rounds: int) -> dict[str, Any]:
+def padding_row(cfg, tok: Tokenizer, data: EncodedCorpus, device: torch.device, rounds: int) -> dict[str, Any]:
     """The same 4,096-token batches padded to the longest sentence and to a multiple of 8, bf16, alternated."""
-    data = encode_corpus(load_split(cfg.data, cfg.data.train_split), tok, cfg.data.max_len, cache)
-    order = make_batches(data, 4096, cfg.seed, 0, shuffle=True)[:8]
-    steps = {}
-    for multiple in (1, 8):
-        torch.manual_seed(cfg.seed)
-        model = checkpoint.build_model(cfg, tok).to(device).train()
-        batches = [collate(data, idx, tok, multiple).to(device) for idx in order]
-        steps[f"pad_multiple {multiple}"] = train_speed.tfm_step(model, train_speed.optimizer(model, cfg, device=device),
-                                                                 batches, "bf16", cfg, device=device)
-    warmup = min(4, rounds)
-    times = {k: v[warmup:] for k, v in interleave(steps, warmup + rounds).items()}
-    ratio = paired_ratio(times["pad_multiple 1"], times["pad_multiple 8"])
-    print(f"padding to multiples of 8 (bf16, 4,096 tok/batch): {ratio:.2f}x", flush=True)
-    return {"pad8_vs_pad1": ratio, **{f"{k} step_s": median(v) for k, v in times.items()}}
+    order = make_batches(data, 4096, cfg.seed, 0, shuffle=True)
+    steps = [_tfm_step(cfg, tok, device, _collated(data, tok, order, multiple, device)) for multiple in (1, 8)]
+    row = lever_row("padding to multiples of 8", "bf16, 4,096 tok/batch", _without_with(*steps, rounds))
+    print(f"padding to multiples of 8 (bf16, 4,096 tok/batch): {row['speedup']:.2f}x", flush=True)
+    return row
 
 
-def loss_row(cfg, tok: Tokenizer, device: torch.device, cache: str, rounds: int) -> dict[str, Any]:
+def loss_row(cfg, tok: Tokenizer, data: EncodedCorpus, device: torch.device, rounds: int) -> dict[str, Any]:
     """The fused generator loss against logits made whole then scored, bf16, 25,000-token batches."""
-    data = encode_corpus(load_split(cfg.data, cfg.data.train_split), tok, cfg.data.max_len, cache)
-    order = make_batches(data, 25000, cfg.seed, 0, shuffle=True)
-    batches = [collate(data, order[i], tok).to(device) for i in range(8)]
-    steps = {}
-    for fused in (False, True):
-        torch.manual_seed(cfg.seed)
-        model = checkpoint.build_model(cfg, tok).to(device).train()
-        steps[f"fused {fused}"] = train_speed.tfm_step(model, train_speed.optimizer(model, cfg, device=device), batches,
-                                                       "bf16", cfg, fused_loss=fused, device=device)
-    warmup = min(4, rounds)
-    times = {k: v[warmup:] for k, v in interleave(steps, warmup + rounds).items()}
-    ratio = paired_ratio(times["fused False"], times["fused True"])
-    print(f"fused generator loss vs whole logits (bf16, 25,000 tok/batch): {ratio:.2f}x", flush=True)
-    return {"fused_vs_whole": ratio, **{f"{k} step_s": median(v) for k, v in times.items()}}
+    batches = _collated(data, tok, make_batches(data, 25000, cfg.seed, 0, shuffle=True), 1, device)
+    steps = [_tfm_step(cfg, tok, device, batches, fused_loss=fused) for fused in (False, True)]
+    row = lever_row("generator and loss fused", "bf16, 25,000 tok/batch", _without_with(*steps, rounds))
+    print(f"fused generator loss vs whole logits (bf16, 25,000 tok/batch): {row['speedup']:.2f}x", flush=True)
+    return row
 
 
-def compile_row(cfg, tok: Tokenizer, device: torch.device, peak: dict[str, float], cache: str,
+def compile_row(cfg, tok: Tokenizer, data: EncodedCorpus, device: torch.device, peak: dict[str, float],
                 rounds: int) -> dict[str, Any]:
     """torch.compile (dynamic shapes) against eager, bf16, 4,096-token batches padded to multiples of 8."""
-    data = encode_corpus(load_split(cfg.data, cfg.data.train_split), tok, cfg.data.max_len, cache)
     order = make_batches(data, 4096, cfg.seed, 0, shuffle=True, pad_multiple=8)
-    batches = [collate(data, order[i], tok, 8).to(device) for i in range(8)]
-    steps, first = {}, {}
-    for name in ("eager", "compiled"):
-        torch.manual_seed(cfg.seed)
-        model = checkpoint.build_model(cfg, tok).to(device).train()
-        run = torch.compile(model, dynamic=True) if name == "compiled" else model
-        steps[name] = train_speed.tfm_step(run, train_speed.optimizer(model, cfg, device=device), batches, "bf16",
-                                           cfg, device=device)
+    batches = _collated(data, tok, order, 8, device)
+    steps = {"eager": _tfm_step(cfg, tok, device, batches),
+             "compiled": _tfm_step(cfg, tok, device, batches, wrap=lambda m: torch.compile(m, dynamic=True))}
+    first = {}
+    for name, step in steps.items():
         start = time.perf_counter()
         for r in range(len(batches)):  # every shape once: compilation stays out of the timed rounds
-            steps[name](r)
+            step(r)
         first[name] = time.perf_counter() - start
     times = interleave(steps, rounds)
     flops = median([train_flops(cfg.model, tok.vocab_size, b.src.size(0), b.src.size(1), b.tgt_in.size(1))
@@ -159,18 +159,19 @@ def main() -> None:
         raise SystemExit("bench/gpu.py needs a CUDA GPU; on the CPU run bench/run.py, or pass --device cpu --quick")
     device = torch.device(args.device)
     rounds, sentences = (2, 128) if args.quick else (16, args.decode_sentences)
-    cache = str(args.json.parent / ".cache")
     cfg = shape_config(args.shape, args.data)
     card = torch.cuda.get_device_name() if device.type == "cuda" else machine()["cpu"]
     result: dict[str, Any] = {"machine": machine(), "card": card, "cuda": torch.version.cuda}
     result["peak_gflops"] = peak = peaks(device)
     print(f"{card}: matmul peak bf16 {peak['bf16']:,.0f} GFLOP/s, fp32 {peak['fp32']:,.0f}", flush=True)
-    tok = train_tokenizer(cfg.tokenizer, load_split(cfg.data, cfg.data.train_split))
-    sections = {"train": lambda: train_rows(cfg, tok, device, peak, cache, rounds),
-                "padding": lambda: padding_row(cfg, tok, device, cache, rounds),
-                "loss": lambda: loss_row(cfg, tok, device, cache, rounds),
+    train = load_split(cfg.data, cfg.data.train_split)
+    tok = train_tokenizer(cfg.tokenizer, train)
+    data = encode_corpus(train, tok, cfg.data.max_len, str(args.json.parent / ".cache"))
+    sections = {"train": lambda: train_rows(cfg, tok, data, device, peak, rounds),
+                "padding": lambda: padding_row(cfg, tok, data, device, rounds),
+                "loss": lambda: loss_row(cfg, tok, data, device, rounds),
                 "decode": lambda: decode_rows(args.checkpoint, args.data, device, sentences),
-                "compile": lambda: compile_row(cfg, tok, device, peak, cache, rounds)}
+                "compile": lambda: compile_row(cfg, tok, data, device, peak, rounds)}
     for name in args.sections.split(","):
         try:
             result[name] = sections[name]()

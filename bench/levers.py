@@ -49,7 +49,8 @@ def patched(obj: Any, name: str, value: Any) -> Iterator[None]:
         setattr(obj, name, old)
 
 
-def _row(lever: str, workload: str, times: dict[str, list[float]], same: bool | None = None) -> dict[str, Any]:
+def lever_row(lever: str, workload: str, times: dict[str, list[float]], same: bool | None = None) -> dict[str, Any]:
+    """One lever's result: median seconds without and with it, and the paired speedup (bench/gpu.py uses it too)."""
     row = {"lever": lever, "workload": workload, "without_s": median(times["without"]),
            "with_s": median(times["with"]), "speedup": paired_ratio(times["without"], times["with"])}
     return row if same is None else {**row, "same_output": same}
@@ -91,7 +92,7 @@ def omp_waiting(ckpt: str, data: str, rounds: int, hogs: int = 0) -> list[dict[s
         base = [x[key] for x in results["libgomp default"]]
         for name in list(OMP_SETTINGS)[1:]:
             times = {"without": base, "with": [x[key] for x in results[name]]}
-            rows.append(_row(f"{name} (vs libgomp default)", f"{work}; {where}", times))
+            rows.append(lever_row(f"{name} (vs libgomp default)", f"{work}; {where}", times))
     return rows
 
 
@@ -143,7 +144,7 @@ def training(cfg: Config, tok: Tokenizer, batches: list[Batch], rounds: int, war
     rows = []
     for lever, precision, without, with_ in cases:
         times = interleave({"without": without, "with": with_}, warmup + rounds)
-        rows.append(_row(lever, f"{cfg.name} training step, {precision}",
+        rows.append(lever_row(lever, f"{cfg.name} training step, {precision}",
                          {k: v[warmup:] for k, v in times.items()}))
     return rows
 
@@ -160,7 +161,7 @@ def compiled(cfg: Config, tok: Tokenizer, batches: list[Batch], rounds: int) -> 
     step = tfm_step(eager, optimizer(eager, cfg), batches, "fp32", cfg)
     step(0)
     times = interleave({"without": step, "with": with_step}, rounds)
-    return {**_row("torch.compile (not used: config compile is refused)", f"{cfg.name} training step, fp32", times),
+    return {**lever_row("torch.compile (not used: config compile is refused)", f"{cfg.name} training step, fp32", times),
             "first_compiled_step_s": first}
 
 
@@ -271,5 +272,5 @@ def decoding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[d
 
         times = interleave({"without": keep("without", without), "with": keep("with", with_)},
                            len(chunks) if lever.startswith("sort") else len(picks))
-        rows.append(_row(lever, work, times, outs["without"] == outs["with"]))
+        rows.append(lever_row(lever, work, times, outs["without"] == outs["with"]))
     return rows
