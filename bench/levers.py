@@ -218,6 +218,10 @@ def decoding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[d
         with patched(search_module, "row_topk", lambda x, m: x.topk(m, dim=1)):
             return beam(r)
 
+    def without_row_max(r: int) -> list[list[int]]:
+        with patched(search_module, "row_max", lambda x: x.max(dim=1, keepdim=True)):
+            return greedy(sorted_batches)(r)
+
     def without_prefix(r: int) -> list[list[int]]:
         with patched(DecoderState, "select", _full_copy_select):
             return beam(r)
@@ -256,6 +260,7 @@ def decoding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[d
              ("a sentence leaves once no live beam can win", "beam 5, batch 32, alpha 0", without_settled,
               lambda r: beam(r, alpha=0.0)),
              ("top-k by block maxima", "beam 5, batch 32", without_topk, beam),
+             ("argmax by block maxima", "greedy, batch 32", without_row_max, greedy(sorted_batches)),
              ("inference_mode (vs no_grad)", "greedy, batch 32", without_inference_mode, greedy(sorted_batches)),
              ("drop finished sentences", "greedy, batch 32",
               lambda r: _keep_finished_greedy(model, sorted_batches[picks[r]], s, e), greedy(sorted_batches)),
