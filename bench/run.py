@@ -157,7 +157,7 @@ def table(result: dict[str, Any]) -> str:
                 ok, tgt = p["tfm_speedup"] >= 1 / t["ct2_vs_tfm"], f">={1 / t['ct2_vs_tfm']:.2f}"
             add(f"{name:<60} {ours['sentences_per_s']:>10.1f} {p['sentences_per_s']:>10.1f} {p['tfm_speedup']:>6.2f}x "
                 f"{tgt:>8} {'' if ok is None else _met(ok):>4}")
-        add(f"{'  median of per-batch ratios vs transformers / ctranslate2':<60} {'':>10} "
+        add(f"{'  median of per-round ratios vs transformers / ctranslate2':<60} {'':>10} "
             f"{r['transformers']['tfm_speedup_median_round']:>9.2f}x {r['ctranslate2']['tfm_speedup_median_round']:>6.2f}x")
         add(f"{'  BLEU tfm / transformers / ctranslate2':<60} {ours['bleu']:>10.2f} {r['transformers']['bleu']:>10.2f} "
             f"{r['ctranslate2']['bleu']:>7.2f}")
