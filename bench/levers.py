@@ -112,6 +112,13 @@ def _flash_in_bf16(step: Callable[[int], None]) -> Callable[[int], None]:
     return run
 
 
+def _masks_always(step: Callable[[int], None]) -> Callable[[int], None]:
+    def run(r: int) -> None:
+        with patched(model_module, "source_masks", model_module.safe_mask):
+            step(r)
+    return run
+
+
 def model_factory(cfg: Config, tok: Tokenizer) -> Callable[[], nn.Module]:
     """Fresh models of ``cfg``'s shape in train mode, all with the same initial weights."""
     def model() -> nn.Module:
@@ -138,6 +145,9 @@ def training(cfg: Config, tok: Tokenizer, batches: list[Batch], rounds: int, war
     m = _plain_dropout(model())
     cases.append(("CPU dropout, 4 masks per random int64", "fp32", tfm_step(m, optimizer(m, cfg), batches, "fp32", cfg),
                   with_lever()))
+    m = model()
+    cases.append(("no source masks for a batch without source padding", "fp32",
+                  _masks_always(tfm_step(m, optimizer(m, cfg), batches, "fp32", cfg)), with_lever()))
     m = model()
     cases.append(("math SDPA for bf16 training", "bf16",
                   _flash_in_bf16(tfm_step(m, optimizer(m, cfg), batches, "bf16", cfg)), with_lever("bf16")))
@@ -218,9 +228,15 @@ def decoding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[d
         with patched(search_module, "row_topk", lambda x, m: x.topk(m, dim=1)):
             return beam(r)
 
+    wide = [padded_tensor([ids[i] for i in order[k:k + 256]], tok.pad_id) for k in range(0, len(ids), 256)]
+
+    def greedy_wide(r: int) -> list[list[int]]:
+        """256 sentences a batch, about what tfm translate's default 4,096-token batches hold."""
+        return [h.tokens for h in greedy_search(model, wide[r % len(wide)], s, e)]
+
     def without_row_max(r: int) -> list[list[int]]:
         with patched(search_module, "row_max", lambda x: x.max(dim=1, keepdim=True)):
-            return greedy(sorted_batches)(r)
+            return greedy_wide(r)
 
     def without_prefix(r: int) -> list[list[int]]:
         with patched(DecoderState, "select", _full_copy_select):
@@ -260,7 +276,7 @@ def decoding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[d
              ("a sentence leaves once no live beam can win", "beam 5, batch 32, alpha 0", without_settled,
               lambda r: beam(r, alpha=0.0)),
              ("top-k by block maxima", "beam 5, batch 32", without_topk, beam),
-             ("argmax by block maxima", "greedy, batch 32", without_row_max, greedy(sorted_batches)),
+             ("argmax by block maxima", "greedy, batch 256", without_row_max, greedy_wide),
              ("inference_mode (vs no_grad)", "greedy, batch 32", without_inference_mode, greedy(sorted_batches)),
              ("drop finished sentences", "greedy, batch 32",
               lambda r: _keep_finished_greedy(model, sorted_batches[picks[r]], s, e), greedy(sorted_batches)),

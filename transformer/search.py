@@ -66,7 +66,8 @@ def row_max(x: Tensor, block: int = 100) -> tuple[Tensor, Tensor]:
 
     torch's max with indices runs far slower than its plain maximum (amax), so the row's maximum is
     found among block maxima and only its block is searched for the index. Ties go to the first
-    index, as with max: the first block holding the maximum, then the first position in it.
+    index, as with max: the first block holding the maximum, then the first position in it. Whole
+    greedy searches gain little: 0.99-1.05x at batches of 32 and 256 sentences (bench/levers.py).
     """
     R, V = x.shape
     if V % block or R < 4:
