@@ -162,8 +162,10 @@ def test_sigint_and_sigterm_save_a_resumable_checkpoint_and_resume_continues(tmp
 
 def test_second_sigint_stops_at_once_and_keeps_the_previous_checkpoint(tmp_path):
     run = _run(tmp_path)
-    # Bigger batches make an update long enough for the second signal to land inside it.
-    proc = _train(tmp_path, "--set=train.save_every=2", "--set=train.batch_tokens=3000")
+    # Bigger batches and a wider model make an update (about 0.3 s) long enough for the second signal
+    # to land inside it; with the tiny model an update could end, and the final save with it, first.
+    proc = _train(tmp_path, "--set=train.save_every=2", "--set=train.batch_tokens=3000", "--set=model.d_model=256",
+                  "--set=model.d_ff=2048")
     proc.wait_for(lambda: _last_step(run) >= 3, "a periodic checkpoint and one more update")
     before = checkpoint.step_dirs(run)
     proc.p.send_signal(signal.SIGINT)
