@@ -254,7 +254,7 @@ def test_row_max_equals_max_with_ties_to_the_first_index():
     """Greedy search's block-maximum argmax finds the same value and token as max, the first of equal maxima."""
     torch.manual_seed(0)
     x = torch.randn(9, 8000).log_softmax(-1)
-    x[0, [7, 3456, 7999]] = 1.0  # equal maxima in two blocks and within none: the first, 7, wins
+    x[0, [7, 3456, 7999]] = 1.0  # equal maxima in three blocks: the first, 7, wins
     x[1, [120, 150]] = 2.0  # equal maxima within one block
     x[2, :] = float("-inf")
     x[2, 5] = -0.1  # a row forced to one token, as at max length
