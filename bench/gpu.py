@@ -26,7 +26,7 @@ from torch import nn  # noqa: E402
 import decode_speed  # noqa: E402
 import train_speed  # noqa: E402
 from flops import matmul_peak, train_flops  # noqa: E402
-from levers import lever_row, model_factory  # noqa: E402
+from levers import lever_row, model_factory, without_with  # noqa: E402
 from transformer import checkpoint  # noqa: E402
 from transformer.batching import Batch, EncodedCorpus, collate, encode_corpus, make_batches  # noqa: E402
 from transformer.corpus import load_split  # noqa: E402
@@ -55,12 +55,6 @@ def _tfm_step(cfg, tok: Tokenizer, device: torch.device, batches: list[Batch], f
                                 fused_loss=fused_loss, device=device)
 
 
-def _without_with(without: Callable[[int], None], with_: Callable[[int], None], rounds: int) -> dict[str, list[float]]:
-    """Seconds per round of both, alternated, after up to 4 warm-up rounds."""
-    warmup = min(4, rounds)
-    return {k: v[warmup:] for k, v in interleave({"without": without, "with": with_}, warmup + rounds).items()}
-
-
 def train_rows(cfg, tok: Tokenizer, data: EncodedCorpus, device: torch.device, peak: dict[str, float],
                rounds: int) -> list[dict[str, Any]]:
     """tfm vs Marian for the config's model, at the config's 4,096-token batches and at the paper's 25,000-token update."""
@@ -85,7 +79,7 @@ def padding_row(cfg, tok: Tokenizer, data: EncodedCorpus, device: torch.device, 
     """The same 4,096-token batches padded to the longest sentence and to a multiple of 8, bf16, alternated."""
     order = make_batches(data, 4096, cfg.seed, 0, shuffle=True)
     steps = [_tfm_step(cfg, tok, device, _collated(data, tok, order, multiple, device)) for multiple in (1, 8)]
-    row = lever_row("padding to multiples of 8", "bf16, 4,096 tok/batch", _without_with(*steps, rounds))
+    row = lever_row("padding to multiples of 8", "bf16, 4,096 tok/batch", without_with(*steps, rounds, min(4, rounds)))
     print(f"padding to multiples of 8 (bf16, 4,096 tok/batch): {row['speedup']:.2f}x", flush=True)
     return row
 
@@ -94,7 +88,7 @@ def loss_row(cfg, tok: Tokenizer, data: EncodedCorpus, device: torch.device, rou
     """The fused generator loss against logits made whole then scored, bf16, 25,000-token batches."""
     batches = _collated(data, tok, make_batches(data, 25000, cfg.seed, 0, shuffle=True), 1, device)
     steps = [_tfm_step(cfg, tok, device, batches, fused_loss=fused) for fused in (False, True)]
-    row = lever_row("generator and loss fused", "bf16, 25,000 tok/batch", _without_with(*steps, rounds))
+    row = lever_row("generator and loss fused", "bf16, 25,000 tok/batch", without_with(*steps, rounds, min(4, rounds)))
     print(f"fused generator loss vs whole logits (bf16, 25,000 tok/batch): {row['speedup']:.2f}x", flush=True)
     return row
 

@@ -105,18 +105,19 @@ def _plain_dropout(model: nn.Module) -> nn.Module:
     return model
 
 
-def _flash_in_bf16(step: Callable[[int], None]) -> Callable[[int], None]:
+def _patched_step(step: Callable[[int], None], obj: Any, name: str, value: Any) -> Callable[[int], None]:
+    """``step`` run with ``obj.name`` replaced by ``value``: the step without a lever."""
     def run(r: int) -> None:
-        with patched(model_module, "sdpa_kernel", lambda *_: contextlib.nullcontext()):
+        with patched(obj, name, value):
             step(r)
     return run
 
 
-def _masks_always(step: Callable[[int], None]) -> Callable[[int], None]:
-    def run(r: int) -> None:
-        with patched(model_module, "source_masks", model_module.safe_mask):
-            step(r)
-    return run
+def without_with(without: Callable[[int], None], with_: Callable[[int], None], rounds: int,
+                 warmup: int) -> dict[str, list[float]]:
+    """Seconds per round of both, alternated, the ``warmup`` first rounds left out (bench/gpu.py uses it too)."""
+    times = interleave({"without": without, "with": with_}, warmup + rounds)
+    return {k: v[warmup:] for k, v in times.items()}
 
 
 def model_factory(cfg: Config, tok: Tokenizer) -> Callable[[], nn.Module]:
@@ -147,15 +148,16 @@ def training(cfg: Config, tok: Tokenizer, batches: list[Batch], rounds: int, war
                   with_lever()))
     m = model()
     cases.append(("no source masks for a batch without source padding", "fp32",
-                  _masks_always(tfm_step(m, optimizer(m, cfg), batches, "fp32", cfg)), with_lever()))
+                  _patched_step(tfm_step(m, optimizer(m, cfg), batches, "fp32", cfg), model_module, "source_masks",
+                                model_module.safe_mask), with_lever()))
     m = model()
     cases.append(("math SDPA for bf16 training", "bf16",
-                  _flash_in_bf16(tfm_step(m, optimizer(m, cfg), batches, "bf16", cfg)), with_lever("bf16")))
+                  _patched_step(tfm_step(m, optimizer(m, cfg), batches, "bf16", cfg), model_module, "sdpa_kernel",
+                                lambda *_: contextlib.nullcontext()), with_lever("bf16")))
     rows = []
     for lever, precision, without, with_ in cases:
-        times = interleave({"without": without, "with": with_}, warmup + rounds)
-        rows.append(lever_row(lever, f"{cfg.name} training step, {precision}",
-                         {k: v[warmup:] for k, v in times.items()}))
+        times = without_with(without, with_, rounds, warmup)
+        rows.append(lever_row(lever, f"{cfg.name} training step, {precision}", times))
     return rows
 
 
