@@ -52,8 +52,10 @@ def train(
             flags = [f"--set={s}" for s in overrides] + ["--resume"] * resume + ["--overwrite"] * overwrite
             code = launch(nproc, ["train", f"--config={config}", *flags, *["--quiet"] * quiet])
             raise typer.Exit(code)
+        from transformer.allocator import keep_freed_memory
         from transformer.train import Trainer
 
+        keep_freed_memory()  # this process is ours: keep freed memory for the next step (transformer/allocator.py)
         result = Trainer(cfg, resume=resume, overwrite=overwrite, quiet=quiet).run()
     if result.exit_code:
         raise typer.Exit(result.exit_code)
