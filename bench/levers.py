@@ -27,7 +27,7 @@ import transformer.search as search_module
 import transformer.translator as translator_module
 from common import ROOT, interleave, median, paired_ratio
 from decode_speed import tfm_decoder
-from train_speed import optimizer, tfm_step
+from train_speed import optimizer, own_processes, tfm_step
 from transformer import checkpoint
 from transformer.batching import Batch
 from transformer.config import Config
@@ -159,6 +159,14 @@ def training(cfg: Config, tok: Tokenizer, batches: list[Batch], rounds: int, war
         times = without_with(without, with_, rounds, warmup)
         rows.append(lever_row(lever, f"{cfg.name} training step, {precision}", times))
     return rows
+
+
+def freed_memory(cfg: Config, tok: Tokenizer, batches: list[Batch], rounds: int, warmup: int = 2) -> dict[str, Any]:
+    """glibc keeping freed memory (transformer/allocator.py): a process-wide setting, so each side has a process."""
+    workers = {"without": ["tfm", "--glibc-defaults"], "with": ["tfm"]}
+    with own_processes(cfg, tok, batches, "fp32", workers) as steps:
+        times = without_with(steps["without"], steps["with"], rounds, warmup)
+    return lever_row("glibc keeps freed memory (`tfm train` sets it)", f"{cfg.name} training step, fp32", times)
 
 
 def compiled(cfg: Config, tok: Tokenizer, batches: list[Batch], rounds: int) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 Sections (all by default, or pick with --sections):
   train    training throughput, tfm vs a same-shape MarianMTModel (bench/train_speed.py), small and base
-           shapes, fp32 and bf16 autocast, MFU against matmul peaks measured in this run
+           shapes, fp32 and bf16 autocast, MFU against matmul peaks measured in this run; each system in
+           a process of its own (--same-process: both in this one, the method before 2026-11-26)
   decode   tfm vs transformers' generate vs CTranslate2 on tfm's weights (bench/decode_speed.py)
   startup  wall-clock and CPU seconds of `tfm --help` and `tfm translate "..."` (bench/startup.py)
   memory   peak RSS of `tfm translate` on 1,000 test lines, and on 10,000 streamed lines
@@ -59,12 +60,13 @@ def run_train(args: argparse.Namespace, tok, peaks: dict[str, float]) -> list[di
     for shape in ("small",) if args.quick else ("small", "base"):
         cfg = shape_config(shape, args.data)
         batches = train_speed.bench_batches(cfg, tok, 8, str(args.runs / ".cache"))
-        rounds = (4 if args.quick else 8) if shape == "small" else (2 if args.quick else 5)
+        rounds = (4 if args.quick else 8) if shape == "small" else (2 if args.quick else 8)
         for precision in ("fp32", "bf16"):
             dtype = torch.float32 if precision == "fp32" else torch.bfloat16
             peaks[precision] = max(peaks.get(precision, 0.0), matmul_peak(dtype))  # the best seen in the run
-            out = train_speed.measure(cfg, tok, batches, precision, rounds, 2)
-            row = {"shape": shape, "precision": precision, "ratio_vs_marian": out["ratio"],
+            out = train_speed.measure(cfg, tok, batches, precision, rounds, 2, apart=not args.same_process)
+            row = {"shape": shape, "precision": precision, "processes": "one" if args.same_process else "own",
+                   "ratio_vs_marian": out["ratio"],
                    **{f"{name}_{k}": v for name in ("tfm", "marian") for k, v in vars(out[name]).items()}}
             rows.append(row)
             print(f"train {shape} {precision}: tfm {row['tfm_tgt_tok_s']:,.0f} tgt tok/s, Marian "
@@ -194,6 +196,8 @@ def main() -> None:
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "bench", help="scratch folder")
     parser.add_argument("--json", type=Path, help="where to write the results (default: <runs>/results.json)")
     parser.add_argument("--sections", default="train,decode,startup,memory,levers,contended")
+    parser.add_argument("--same-process", action="store_true",
+                        help="train section: tfm and Marian in this one process (the method before 2026-11-26)")
     args = parser.parse_args()
     sections = set(args.sections.split(","))
     args.runs.mkdir(parents=True, exist_ok=True)
@@ -216,6 +220,7 @@ def main() -> None:
         batches = train_speed.bench_batches(cfg, loaded.tokenizer, 8, str(args.runs / ".cache"))
         result["levers"] = (levers.omp_waiting(str(ckpt), args.data, 2 if args.quick else 4)
                             + levers.training(cfg, loaded.tokenizer, batches, rounds)
+                            + [levers.freed_memory(cfg, loaded.tokenizer, batches, 3 * rounds)]
                             + levers.decoding(loaded, lines, rounds))
     if "contended" in sections:
         result.setdefault("levers", []).extend(levers.omp_waiting(str(ckpt), args.data, 2 if args.quick else 4, 3))

@@ -5,13 +5,19 @@ Adam (0.9, 0.98, 1e-9) and zero_grad, in train mode with dropout 0.1. Both syste
 collated Multi30k batches of ~4,000 tokens and the same optimizer (fused Adam where torch has it, as
 tfm's Trainer uses). The loss is each system's own: tfm's ``generator_loss`` (as its Trainer); for the peer,
 PyTorch's ``F.cross_entropy(label_smoothing=0.1)``, what a transformers user writes. Steps alternate
-tfm/peer; the first ``warmup`` rounds are dropped; figures are medians over the rest.
+tfm/peer; the first ``warmup`` rounds are dropped; figures are medians over the rest. bench/run.py runs
+each system in a process of its own, as users do (``own_processes``); bench/gpu.py runs both in one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +35,7 @@ from transformer.tokenizer import Tokenizer
 from transformer.train import make_optimizer
 
 CPU = torch.device("cpu")
+WORKER = Path(__file__).resolve().parent / "train_worker.py"
 
 
 @dataclass
@@ -89,28 +96,84 @@ def tfm_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batches: list[B
     return step
 
 
-def measure(cfg: Config, tok: Tokenizer, batches: list[Batch], precision: str, rounds: int,
-            warmup: int, device: torch.device = CPU) -> dict[str, Stats | float]:
-    """tfm and Marian steps alternated over ``batches`` (already on ``device``); per-system medians and the paired
-    tfm/peer ratio."""
-    torch.manual_seed(cfg.seed)
-    ours = checkpoint.build_model(cfg, tok).to(device).train()
-    peer = build_marian(cfg.model, tok).to(device).train()
-    peer_opt = optimizer(peer, cfg, device=device)
-    eps, pad, clip = cfg.train.label_smoothing, tok.pad_id, cfg.train.clip_norm
+SYSTEMS = ("tfm", "marian")
 
-    def marian(r: int) -> None:
+
+def marian_step(peer: torch.nn.Module, opt: torch.optim.Optimizer, batches: list[Batch], precision: str, cfg: Config,
+                pad: int, device: torch.device = CPU) -> Callable[[int], None]:
+    """A function running the peer's training step r on batch r: its logits, ``F.cross_entropy``, the same update."""
+    eps, clip = cfg.train.label_smoothing, cfg.train.clip_norm
+
+    def step(r: int) -> None:
         b = batches[r % len(batches)]
         with autocast(precision, device):
             logits = marian_logits(peer, b.src, b.tgt_in, pad)
         loss = F.cross_entropy(logits.flatten(0, 1).float(), b.tgt_out.flatten(), ignore_index=pad,
                                label_smoothing=eps, reduction="sum")
-        _step(peer, peer_opt, loss / b.n_tokens, clip)
+        _step(peer, opt, loss / b.n_tokens, clip)
         _sync(device)
 
-    tfm = tfm_step(ours, optimizer(ours, cfg, device=device), batches, precision, cfg, device=device)
-    times = interleave({"tfm": tfm, "marian": marian}, warmup + rounds)
+    return step
+
+
+def build(name: str, cfg: Config, tok: Tokenizer, batches: list[Batch], precision: str,
+          device: torch.device = CPU) -> Callable[[int], None]:
+    """System ``name``'s training step on a fresh model (seeded with ``cfg.seed``) and its own Adam."""
+    torch.manual_seed(cfg.seed)
+    if name == "tfm":
+        ours = checkpoint.build_model(cfg, tok).to(device).train()
+        return tfm_step(ours, optimizer(ours, cfg, device=device), batches, precision, cfg, device=device)
+    peer = build_marian(cfg.model, tok).to(device).train()
+    return marian_step(peer, optimizer(peer, cfg, device=device), batches, precision, cfg, tok.pad_id, device)
+
+
+@contextmanager
+def own_processes(cfg: Config, tok: Tokenizer, batches: list[Batch], precision: str,
+                  workers: dict[str, list[str]] | None = None) -> Iterator[dict[str, Callable[[int], float]]]:
+    """Training steps in worker processes of their own (bench/train_worker.py); calls return the step's seconds.
+
+    As users run them: each system alone in a process, tfm's set up as ``tfm train`` sets it up (it
+    keeps freed memory, transformer/allocator.py). ``workers`` maps a label to bench/train_worker.py's
+    arguments after the spec; by default tfm and Marian.
+    """
+    workers = workers or {name: [name] for name in SYSTEMS}
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = Path(tmp) / "spec.pt"
+        torch.save({"cfg": cfg, "tok": tok, "batches": batches, "precision": precision}, spec)
+        procs = {label: subprocess.Popen([sys.executable, str(WORKER), args[0], str(spec), *args[1:]],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                 for label, args in workers.items()}
+        try:
+            for w in procs.values():
+                if w.stdout.readline().strip() != "ready":
+                    raise RuntimeError(f"bench worker {w.args} did not start")
+
+            def proxy(w: subprocess.Popen) -> Callable[[int], float]:
+                def run(r: int) -> float:
+                    w.stdin.write(f"{r}\n")
+                    w.stdin.flush()
+                    return float(w.stdout.readline())
+                return run
+
+            yield {label: proxy(w) for label, w in procs.items()}
+        finally:
+            for w in procs.values():
+                w.stdin.close()
+                w.wait()
+
+
+def measure(cfg: Config, tok: Tokenizer, batches: list[Batch], precision: str, rounds: int,
+            warmup: int, device: torch.device = CPU, apart: bool = False) -> dict[str, Stats | float]:
+    """tfm and Marian steps alternated over ``batches`` (already on ``device``); per-system medians and the paired
+    tfm/peer ratio. ``apart``: each system in a process of its own (``own_processes``, CPU only), else both in this one."""
+    if apart:
+        with own_processes(cfg, tok, batches, precision) as steps:
+            times = interleave(steps, warmup + rounds)
+    else:
+        times = interleave({name: build(name, cfg, tok, batches, precision, device) for name in SYSTEMS},
+                           warmup + rounds)
     used = [batches[r % len(batches)] for r in range(warmup, warmup + rounds)]
+    pad = tok.pad_id
     out: dict[str, Stats | float] = {}
     for name, ts in times.items():
         ts = ts[warmup:]

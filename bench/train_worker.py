@@ -1,0 +1,36 @@
+"""One system's training steps in a process of its own, driven by bench/train_speed.py's ``own_processes``.
+
+Loads the spec that ``own_processes`` saved (config, tokenizer, batches, precision), builds system
+NAME's step (``train_speed.build``), prints "ready", then answers each line "r" on stdin with the
+seconds that step r took, until stdin closes. tfm's process keeps freed memory as ``tfm train``'s
+does (transformer/allocator.py), unless --glibc-defaults.
+Run: python bench/train_worker.py NAME SPEC [--glibc-defaults]
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import common  # noqa: F401  (sets the OpenMP policy before torch loads, as in the parent)
+
+import torch  # noqa: E402
+
+import train_speed  # noqa: E402
+from transformer.allocator import keep_freed_memory  # noqa: E402
+
+
+def main(name: str, spec_path: str, *flags: str) -> None:
+    if name == "tfm" and "--glibc-defaults" not in flags:
+        keep_freed_memory()
+    spec = torch.load(spec_path, weights_only=False)
+    step = train_speed.build(name, spec["cfg"], spec["tok"], spec["batches"], spec["precision"])
+    print("ready", flush=True)
+    for line in sys.stdin:
+        start = time.perf_counter()
+        step(int(line))
+        print(time.perf_counter() - start, flush=True)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
