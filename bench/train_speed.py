@@ -152,7 +152,9 @@ def own_processes(cfg: Config, tok: Tokenizer, batches: list[Batch], precision: 
                 def run(r: int) -> float:
                     w.stdin.write(f"{r}\n")
                     w.stdin.flush()
-                    return float(w.stdout.readline())
+                    if not (line := w.stdout.readline()):
+                        raise RuntimeError(f"bench worker {w.args} stopped at step {r} (its error is above)")
+                    return float(line)
                 return run
 
             yield {label: proxy(w) for label, w in procs.items()}

@@ -14,7 +14,7 @@ from tiny import ROOT
 
 # Tensors of 12-28 MB made and freed, then ten of 24 MB made again: the page faults of the last round.
 SCRIPT = """
-import resource, sys, torch
+import resource, torch
 from transformer.allocator import keep_freed_memory
 print(keep_freed_memory())
 for n in (5_000_000, 3_000_000, 7_000_000):
