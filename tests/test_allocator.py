@@ -4,13 +4,13 @@ Each case runs in a fresh process: the setting is process-wide, and it must not 
 """
 
 import os
-import platform
 import subprocess
 import sys
 
 import pytest
 
 from tiny import ROOT
+from transformer.allocator import on_glibc
 
 # Tensors of 12-28 MB made and freed, then ten of 24 MB made again: the page faults of the last round.
 SCRIPT = """
@@ -25,7 +25,7 @@ xs = [torch.empty(6_000_000).fill_(1) for _ in range(10)]
 print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
-glibc = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
+glibc = pytest.mark.skipif(not on_glibc(), reason="glibc only")
 
 
 def run(**env: str) -> tuple[str, int]:

@@ -21,9 +21,14 @@ TRIM_THRESHOLD = 2**30
 USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_MAX_", "MALLOC_TOP_PAD_")
 
 
+def on_glibc() -> bool:
+    """Whether this process runs on Linux's glibc, whose malloc ``mallopt`` tunes."""
+    return platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+
+
 def keep_freed_memory() -> bool:
     """Set glibc's mmap and trim thresholds for this process; False (nothing set) elsewhere or if the user set them."""
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    if not on_glibc():
         return False
     if any(k in os.environ for k in USER_SETTINGS) or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
         return False
