@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tiny import tiny_config
-from transformer import checkpoint
+from transformer import checkpoint, train
 from transformer.train import Trainer, TrainError
 
 
@@ -97,3 +97,18 @@ def test_resume_with_only_damaged_checkpoints_is_a_clear_error(tmp_path):
         (path / checkpoint.TRAINER).write_bytes(b"not a checkpoint")
     with pytest.raises(TrainError, match="every checkpoint in .* is damaged"):
         Trainer(tiny_config(tmp_path, train={"max_steps": 4}), resume=True, quiet=True, log=lambda m: None).run()
+
+
+def test_training_on_cuda_leaves_cudnn_attention_out(tmp_path, monkeypatch):
+    """cuDNN attention plans every new batch shape; the loop runs without it (flags readable without a GPU)."""
+    real = train.shape_changing_attention
+    monkeypatch.setattr(train, "shape_changing_attention", lambda device: real(torch.device("cuda")))
+    seen, original = [], Trainer._update
+
+    def update(self, micro):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return original(self, micro)
+
+    monkeypatch.setattr(Trainer, "_update", update)
+    Trainer(tiny_config(tmp_path, train={"max_steps": 2}), quiet=True, log=lambda m: None).run()
+    assert seen == [False, False] and torch.backends.cuda.cudnn_sdp_enabled()

@@ -81,12 +81,13 @@ def decoding_threads(device: torch.device, rows: int) -> Iterator[None]:
 
 
 def shape_changing_attention(device: torch.device) -> ContextManager:
-    """SDPA without its cuDNN backend on CUDA, for attention whose shapes change at every call (decoding).
+    """SDPA without its cuDNN backend on CUDA, for attention whose shapes change at every call.
 
     Recent PyTorch builds prefer cuDNN attention on Hopper GPUs (H100, H200) in bf16 and fp16, and
-    cuDNN builds an execution plan for each new shape; incremental decoding grows the key length by
-    one every step. On an H200 (torch 2.11, CUDA 13) bf16 decoding ran 7-20x slower than fp32,
-    which cuDNN attention does not serve. Flash, memory-efficient and math kernels need no plans.
+    cuDNN builds an execution plan for each new shape. Incremental decoding grows the key length by
+    one every step, and unpadded training batches rarely repeat a shape. With torch 2.11 and CUDA 13,
+    bf16 decoding ran 7-20x slower than fp32 on an H200, and a bf16 base-shape training step on a
+    new shape 8x slower on an H100. Flash, memory-efficient and math kernels need no plans.
     """
     if device.type != "cuda":
         return contextlib.nullcontext()

@@ -31,7 +31,7 @@ from transformer.errors import UserError
 from transformer.batching import Batch, EncodedCorpus, collate, encode_corpus, make_batches
 from transformer.config import Config, TrainConfig, dump, to_dict
 from transformer.corpus import Corpus, load_split
-from transformer.device import autocast, check_precision, fused_adam, resolve_device
+from transformer.device import autocast, check_precision, fused_adam, resolve_device, shape_changing_attention
 from transformer.evaluate import score
 from transformer.loss import generator_loss, label_smoothed_nll
 from transformer.schedule import learning_rate
@@ -330,7 +330,8 @@ class Trainer:
                 self.log, self.quiet = (lambda msg: None), True
             elif note := distributed.unused_gpus_note(self.device):
                 self.log(note)
-            return self._run()
+            with shape_changing_attention(self.device):  # batch shapes rarely repeat
+                return self._run()
         finally:
             distributed.close()
 
