@@ -1,5 +1,6 @@
 """GPU figures in one run: the card's matmul peaks, base-shape training tokens/s and MFU (tfm vs Marian),
-padding to multiples of 8, the fused loss, decoding speed (tfm vs transformers' generate), torch.compile.
+padding to multiples of 8, the fused loss, cuDNN attention in training, decoding speed (tfm vs transformers'
+generate), torch.compile.
 
 Every system runs on the same GPU in the same process, in alternation (bench/common.py). Training
 steps are those of bench/train_speed.py, each ending with a synchronize; MFU is model FLOPs per
@@ -48,11 +49,12 @@ def _collated(data: EncodedCorpus, tok: Tokenizer, order: list[list[int]], pad_m
 
 
 def _tfm_step(cfg, tok: Tokenizer, device: torch.device, batches: list[Batch], fused_loss: bool = True,
-              wrap: Callable[[nn.Module], nn.Module] = lambda m: m) -> Callable[[int], None]:
+              wrap: Callable[[nn.Module], nn.Module] = lambda m: m,
+              cudnn_attention: bool = False) -> Callable[[int], None]:
     """tfm's bf16 training step on a fresh model (the same initial weights every time), run through ``wrap``."""
     model = model_factory(cfg, tok)().to(device)
     return train_speed.tfm_step(wrap(model), train_speed.optimizer(model, cfg, device=device), batches, "bf16", cfg,
-                                fused_loss=fused_loss, device=device)
+                                fused_loss=fused_loss, device=device, cudnn_attention=cudnn_attention)
 
 
 def train_rows(cfg, tok: Tokenizer, data: EncodedCorpus, device: torch.device, peak: dict[str, float],
@@ -91,6 +93,28 @@ def loss_row(cfg, tok: Tokenizer, data: EncodedCorpus, device: torch.device, rou
     row = lever_row("generator and loss fused", "bf16, 25,000 tok/batch", without_with(*steps, rounds, min(4, rounds)))
     print(f"fused generator loss vs whole logits (bf16, 25,000 tok/batch): {row['speedup']:.2f}x", flush=True)
     return row
+
+
+def cudnn_rows(cfg, tok: Tokenizer, data: EncodedCorpus, device: torch.device, rounds: int) -> list[dict[str, Any]]:
+    """bf16 training with SDPA's cuDNN backend left out (as the Trainer does) vs allowed, on 4,096-token batches.
+
+    cuDNN attention builds a plan for each new shape, and unpadded batches rarely repeat one: the first
+    pass over 48 batches counts those builds (totals, after 4 warm-up batches), later passes do not.
+    """
+    order = make_batches(data, 4096, cfg.seed, 0, shuffle=True)
+    batches = [collate(data, idx, tok, 1).to(device) for idx in order[:52]]
+    steps = {"without": _tfm_step(cfg, tok, device, batches, cudnn_attention=True),
+             "with": _tfm_step(cfg, tok, device, batches)}
+    interleave(steps, 4)
+    first = {k: v[4:] for k, v in interleave(steps, len(batches)).items()}
+    later = interleave(steps, len(batches) * max(1, rounds // 8))
+    rows = [{**lever_row("cuDNN attention left out", "bf16, first pass over 48 new shapes", first),
+             "total_speedup": sum(first["without"]) / sum(first["with"])},
+            lever_row("cuDNN attention left out", "bf16, shapes seen before", later)]
+    for row in rows:
+        print(f"{row['lever']} ({row['workload']}): {row['speedup']:.2f}x per step"
+              + (f", {row['total_speedup']:.2f}x in total" if "total_speedup" in row else ""), flush=True)
+    return rows
 
 
 def compile_row(cfg, tok: Tokenizer, data: EncodedCorpus, device: torch.device, peak: dict[str, float],
@@ -143,7 +167,7 @@ def main() -> None:
     p.add_argument("--checkpoint", type=Path, required=True, help="a trained small checkpoint for decoding")
     p.add_argument("--data", default=DEFAULT_DATA, help="Multi30k folder")
     p.add_argument("--json", type=Path, default=Path("runs/gpu.json"))
-    p.add_argument("--sections", default="train,padding,loss,decode,compile", help="which measurements, in order")
+    p.add_argument("--sections", default="train,padding,loss,cudnn,decode,compile", help="which measurements, in order")
     p.add_argument("--decode-sentences", type=int, default=1000, help="test sentences per decoding setting")
     p.add_argument("--quick", action="store_true", help="a few rounds only (checks that the script runs)")
     p.add_argument("--device", default="cuda", help="cuda, or cpu to check the script without a GPU")
@@ -164,6 +188,7 @@ def main() -> None:
     sections = {"train": lambda: train_rows(cfg, tok, data, device, peak, rounds),
                 "padding": lambda: padding_row(cfg, tok, data, device, rounds),
                 "loss": lambda: loss_row(cfg, tok, data, device, rounds),
+                "cudnn": lambda: cudnn_rows(cfg, tok, data, device, rounds),
                 "decode": lambda: decode_rows(args.checkpoint, args.data, device, sentences),
                 "compile": lambda: compile_row(cfg, tok, data, device, peak, rounds)}
     for name in args.sections.split(","):

@@ -11,6 +11,7 @@ each system in a process of its own, as users do (``own_processes``); bench/gpu.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import tempfile
@@ -29,7 +30,7 @@ from transformer import checkpoint
 from transformer.batching import Batch, collate, encode_corpus, make_batches
 from transformer.config import Config
 from transformer.corpus import load_split
-from transformer.device import autocast
+from transformer.device import autocast, shape_changing_attention
 from transformer.loss import generator_loss, label_smoothed_nll
 from transformer.tokenizer import Tokenizer
 from transformer.train import make_optimizer
@@ -74,17 +75,20 @@ def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor
 
 
 def tfm_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batches: list[Batch], precision: str, cfg: Config,
-             fused_loss: bool = True, device: torch.device = CPU) -> Callable[[int], None]:
+             fused_loss: bool = True, device: torch.device = CPU,
+             cudnn_attention: bool = False) -> Callable[[int], None]:
     """A function running tfm's training step r on batch r (cycling through ``batches``), as the Trainer does.
 
-    fused_loss=False makes the logits whole and scores them with ``label_smoothed_nll`` instead. On a GPU
-    the step ends with a synchronize, so that a host clock times the work, not its launch.
+    fused_loss=False makes the logits whole and scores them with ``label_smoothed_nll`` instead;
+    cudnn_attention=True lets SDPA use cuDNN on a GPU, which the Trainer leaves out. On a GPU the step
+    ends with a synchronize, so that a host clock times the work, not its launch.
     """
     eps, clip = cfg.train.label_smoothing, cfg.train.clip_norm
+    attention = contextlib.nullcontext if cudnn_attention else lambda: shape_changing_attention(device)
 
     def step(r: int) -> None:
         b = batches[r % len(batches)]
-        with autocast(precision, device):
+        with autocast(precision, device), attention():
             if fused_loss:
                 hidden = model(b.src, b.tgt_in, logits=False)
                 loss, _ = generator_loss(hidden, model.generator.weight, b.tgt_out, eps, Tokenizer.PAD_ID)
