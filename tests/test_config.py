@@ -42,6 +42,7 @@ def test_unknown_key_suggests_the_right_one(tmp_path):
     ("model: 3\n", r"model: expected a section"),
     ("train:\n  betas: [0.9]\n", r"train.betas must be two numbers"),
     ("data:\n  src_lang: en\n  tgt_lang: en\n", r"pick two languages"),
+    ("compile: true\n", r"compile: true is not supported: .* set compile: false"),
 ])
 def test_bad_values_name_the_key(tmp_path, text, pattern):
     with pytest.raises(ConfigError, match=pattern):
