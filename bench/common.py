@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import platform
+import resource
 import statistics
 import sys
 import time
@@ -58,6 +59,19 @@ def paired_ratio(slow: list[float], fast: list[float]) -> float:
     return statistics.median(s / f for s, f in zip(slow, fast))
 
 
+def page_fault_us(mb: int = 256) -> float:
+    """Wall microseconds per page fault while first touching ``mb`` MB of fresh memory.
+
+    Marian's training step makes its logits whole (over 100 MB at the small shape) and glibc maps
+    blocks that large afresh for every step, so its speed here moves with this figure.
+    """
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    start = time.perf_counter()
+    torch.empty(mb * 2**18).fill_(1.0)
+    took = time.perf_counter() - start
+    return took / max(1, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) * 1e6
+
+
 def machine() -> dict[str, object]:
     """The hardware and software every figure depends on."""
     cpu = platform.processor() or platform.machine()
@@ -70,6 +84,7 @@ def machine() -> dict[str, object]:
         pass
     return {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "python": platform.python_version(), "load_avg_1min": round(os.getloadavg()[0], 2),
+            "page_fault_us": round(page_fault_us(), 2),
             **{k.lower(): os.environ.get(k) for k in OMP_KEYS},
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 
