@@ -60,7 +60,7 @@ def run_train(args: argparse.Namespace, tok, peaks: dict[str, float]) -> list[di
     for shape in ("small",) if args.quick else ("small", "base"):
         cfg = shape_config(shape, args.data)
         batches = train_speed.bench_batches(cfg, tok, 8, str(args.runs / ".cache"))
-        rounds = (4 if args.quick else 8) if shape == "small" else (2 if args.quick else 8)
+        rounds = (4 if args.quick else 16) if shape == "small" else (2 if args.quick else 8)
         for precision in ("fp32", "bf16"):
             dtype = torch.float32 if precision == "fp32" else torch.bfloat16
             peaks[precision] = max(peaks.get(precision, 0.0), matmul_peak(dtype))  # the best seen in the run
