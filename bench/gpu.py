@@ -27,7 +27,7 @@ from torch import nn  # noqa: E402
 import decode_speed  # noqa: E402
 import train_speed  # noqa: E402
 from flops import matmul_peak, train_flops  # noqa: E402
-from levers import lever_row, model_factory, without_with  # noqa: E402
+from levers import lever_row, without_with  # noqa: E402
 from transformer import checkpoint  # noqa: E402
 from transformer.batching import Batch, EncodedCorpus, collate, encode_corpus, make_batches  # noqa: E402
 from transformer.corpus import load_split  # noqa: E402
@@ -52,7 +52,7 @@ def _tfm_step(cfg, tok: Tokenizer, device: torch.device, batches: list[Batch], f
               wrap: Callable[[nn.Module], nn.Module] = lambda m: m,
               cudnn_attention: bool = False) -> Callable[[int], None]:
     """tfm's bf16 training step on a fresh model (the same initial weights every time), run through ``wrap``."""
-    model = model_factory(cfg, tok)().to(device)
+    model = train_speed.model_factory(cfg, tok)().to(device)
     return train_speed.tfm_step(wrap(model), train_speed.optimizer(model, cfg, device=device), batches, "bf16", cfg,
                                 fused_loss=fused_loss, device=device, cudnn_attention=cudnn_attention)
 

@@ -27,7 +27,7 @@ import transformer.search as search_module
 import transformer.translator as translator_module
 from common import ROOT, interleave, median, paired_ratio
 from decode_speed import tfm_decoder
-from train_speed import optimizer, own_processes, tfm_step
+from train_speed import model_factory, optimizer, own_processes, tfm_step
 from transformer import checkpoint
 from transformer.batching import Batch
 from transformer.config import Config
@@ -118,14 +118,6 @@ def without_with(without: Callable[[int], None], with_: Callable[[int], None], r
     """Seconds per round of both, alternated, the ``warmup`` first rounds left out (bench/gpu.py uses it too)."""
     times = interleave({"without": without, "with": with_}, warmup + rounds)
     return {k: v[warmup:] for k, v in times.items()}
-
-
-def model_factory(cfg: Config, tok: Tokenizer) -> Callable[[], nn.Module]:
-    """Fresh models of ``cfg``'s shape in train mode, all with the same initial weights."""
-    def model() -> nn.Module:
-        torch.manual_seed(cfg.seed)
-        return checkpoint.build_model(cfg, tok).train()
-    return model
 
 
 def training(cfg: Config, tok: Tokenizer, batches: list[Batch], rounds: int, warmup: int = 1) -> list[dict[str, Any]]:

@@ -11,12 +11,11 @@ each system in a process of its own, as users do (``own_processes``); bench/gpu.
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,7 +83,7 @@ def tfm_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batches: list[B
     ends with a synchronize, so that a host clock times the work, not its launch.
     """
     eps, clip = cfg.train.label_smoothing, cfg.train.clip_norm
-    attention = contextlib.nullcontext if cudnn_attention else lambda: shape_changing_attention(device)
+    attention = nullcontext if cudnn_attention else lambda: shape_changing_attention(device)
 
     def step(r: int) -> None:
         b = batches[r % len(batches)]
@@ -120,13 +119,21 @@ def marian_step(peer: torch.nn.Module, opt: torch.optim.Optimizer, batches: list
     return step
 
 
+def model_factory(cfg: Config, tok: Tokenizer) -> Callable[[], torch.nn.Module]:
+    """Fresh tfm models of ``cfg``'s shape in train mode, all with the same initial weights."""
+    def model() -> torch.nn.Module:
+        torch.manual_seed(cfg.seed)
+        return checkpoint.build_model(cfg, tok).train()
+    return model
+
+
 def build(name: str, cfg: Config, tok: Tokenizer, batches: list[Batch], precision: str,
           device: torch.device = CPU) -> Callable[[int], None]:
     """System ``name``'s training step on a fresh model (seeded with ``cfg.seed``) and its own Adam."""
-    torch.manual_seed(cfg.seed)
     if name == "tfm":
-        ours = checkpoint.build_model(cfg, tok).to(device).train()
+        ours = model_factory(cfg, tok)().to(device)
         return tfm_step(ours, optimizer(ours, cfg, device=device), batches, precision, cfg, device=device)
+    torch.manual_seed(cfg.seed)
     peer = build_marian(cfg.model, tok).to(device).train()
     return marian_step(peer, optimizer(peer, cfg, device=device), batches, precision, cfg, tok.pad_id, device)
 
