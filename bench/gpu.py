@@ -43,9 +43,9 @@ def peaks(device: torch.device) -> dict[str, float]:
 
 
 def _collated(data: EncodedCorpus, tok: Tokenizer, order: list[list[int]], pad_multiple: int,
-              device: torch.device) -> list[Batch]:
-    """The first 8 batches of ``order``, collated and on ``device``."""
-    return [collate(data, idx, tok, pad_multiple).to(device) for idx in order[:8]]
+              device: torch.device, count: int = 8) -> list[Batch]:
+    """The first ``count`` batches of ``order``, collated and on ``device``."""
+    return [collate(data, idx, tok, pad_multiple).to(device) for idx in order[:count]]
 
 
 def _tfm_step(cfg, tok: Tokenizer, device: torch.device, batches: list[Batch], fused_loss: bool = True,
@@ -105,7 +105,7 @@ def cudnn_rows(cfg, tok: Tokenizer, data: EncodedCorpus, device: torch.device, r
     pass over 48 batches counts those builds (totals, after 4 warm-up batches), later passes do not.
     """
     order = make_batches(data, 4096, cfg.seed, 0, shuffle=True)
-    batches = [collate(data, idx, tok, 1).to(device) for idx in order[:52]]
+    batches = _collated(data, tok, order, 1, device, count=52)
     steps = {"without": _tfm_step(cfg, tok, device, batches, cudnn_attention=True),
              "with": _tfm_step(cfg, tok, device, batches)}
     interleave(steps, 4)
