@@ -3,7 +3,8 @@ no cuDNN attention while decoding on CUDA."""
 
 import torch
 
-from transformer.device import SMALL_DECODE_ROWS, decoding_threads, fused_adam, shape_changing_attention
+from transformer.device import (FLASH_FROM_LENGTH, SMALL_DECODE_ROWS, decoding_threads, fused_adam,
+                              shape_changing_attention, training_attention)
 
 
 def test_fused_adam_on_cpu_and_cuda_only():
@@ -37,3 +38,16 @@ def test_decoding_on_cuda_leaves_cudnn_attention_out_and_restores_it():
     assert cuda.cudnn_sdp_enabled()
     with shape_changing_attention(torch.device("cpu")):
         assert cuda.cudnn_sdp_enabled()
+
+
+def test_training_leaves_flash_out_below_256_positions_and_cudnn_always():
+    cuda = torch.backends.cuda
+    flags = lambda: (cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(),
+                     cuda.math_sdp_enabled())
+    with training_attention(torch.device("cuda"), FLASH_FROM_LENGTH - 1):
+        assert flags() == (False, False, True, True)
+    with training_attention(torch.device("cuda"), FLASH_FROM_LENGTH):
+        assert flags() == (False, True, True, True)
+    with training_attention(torch.device("cpu"), 8):
+        assert flags() == (True, True, True, True)
+    assert flags() == (True, True, True, True)

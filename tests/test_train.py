@@ -99,16 +99,20 @@ def test_resume_with_only_damaged_checkpoints_is_a_clear_error(tmp_path):
         Trainer(tiny_config(tmp_path, train={"max_steps": 4}), resume=True, quiet=True, log=lambda m: None).run()
 
 
-def test_training_on_cuda_leaves_cudnn_attention_out(tmp_path, monkeypatch):
-    """cuDNN attention plans every new batch shape; the loop runs without it (flags readable without a GPU)."""
-    real = train.shape_changing_attention
-    monkeypatch.setattr(train, "shape_changing_attention", lambda device: real(torch.device("cuda")))
-    seen, original = [], Trainer._update
+def test_training_on_cuda_picks_attention_kernels_per_batch(tmp_path, monkeypatch):
+    """Every training and validation forward pass runs without cuDNN attention (it plans every new shape) and,
+    its batch being short, without flash; the flags are process-wide, readable without a GPU, and restored."""
+    real, build = train.training_attention, train.checkpoint.build_model
+    monkeypatch.setattr(train, "training_attention", lambda device, length: real(torch.device("cuda"), length))
+    cuda, seen = torch.backends.cuda, []
 
-    def update(self, micro):
-        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
-        return original(self, micro)
+    def watched(*args, **kwargs):
+        model = build(*args, **kwargs)
+        model.register_forward_pre_hook(lambda module, inputs: seen.append(
+            (cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled())))
+        return model
 
-    monkeypatch.setattr(Trainer, "_update", update)
-    Trainer(tiny_config(tmp_path, train={"max_steps": 2}), quiet=True, log=lambda m: None).run()
-    assert seen == [False, False] and torch.backends.cuda.cudnn_sdp_enabled()
+    monkeypatch.setattr(train.checkpoint, "build_model", watched)
+    Trainer(tiny_config(tmp_path, train={"max_steps": 2, "eval_every": 2}), quiet=True, log=lambda m: None).run()
+    assert len(seen) >= 3 and set(seen) == {(False, False, True)}
+    assert cuda.cudnn_sdp_enabled() and cuda.flash_sdp_enabled()

@@ -52,6 +52,11 @@ class Batch:
         return Batch(move(self.src), move(self.tgt_in), move(self.tgt_out), self.n_tokens)
 
     @property
+    def longest(self) -> int:
+        """Positions in the longest padded sequence, source or target (what attention kernels are chosen by)."""
+        return max(self.src.size(1), self.tgt_in.size(1))
+
+    @property
     def n_tokens(self) -> int:
         """Non-pad target tokens (the loss's normaliser); counted from lengths, so no device sync."""
         if self.tgt_tokens is None:

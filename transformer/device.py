@@ -92,3 +92,21 @@ def shape_changing_attention(device: torch.device) -> ContextManager:
     if device.type != "cuda":
         return contextlib.nullcontext()
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
+FLASH_FROM_LENGTH = 256
+
+
+def training_attention(device: torch.device, length: int) -> ContextManager:
+    """SDPA's kernels for a whole-sequence pass over a batch whose longest sequence is ``length`` positions (CUDA).
+
+    Never cuDNN (see ``shape_changing_attention``), and the flash kernel only from 256 positions: below,
+    the memory-efficient kernel is faster. On an H100 in bf16 (h=8, d_k=64, 25,000 tokens a batch),
+    causal attention forward and backward took 2.1x as long with flash at 32 positions, 1.05x at 192
+    and 0.78x at 256; a base-shape step on Multi30k's 25,000-token batches ran 1.07-1.09x faster without it.
+    """
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    if length < FLASH_FROM_LENGTH:
+        return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+    return shape_changing_attention(device)

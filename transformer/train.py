@@ -31,7 +31,7 @@ from transformer.errors import UserError
 from transformer.batching import Batch, EncodedCorpus, collate, encode_corpus, make_batches
 from transformer.config import Config, TrainConfig, dump, to_dict
 from transformer.corpus import Corpus, load_split
-from transformer.device import autocast, check_precision, fused_adam, resolve_device, shape_changing_attention
+from transformer.device import autocast, check_precision, fused_adam, resolve_device, training_attention
 from transformer.evaluate import score
 from transformer.loss import generator_loss, label_smoothed_nll
 from transformer.schedule import learning_rate
@@ -194,7 +194,7 @@ class Trainer:
         self.state.elapsed = elapsed
 
     def _micro_loss(self, batch: Batch, total_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-        with autocast(self.cfg.precision, self.device):
+        with autocast(self.cfg.precision, self.device), training_attention(self.device, batch.longest):
             hidden = self.ddp(batch.src, batch.tgt_in, logits=False)
             loss_sum, nll_sum = generator_loss(hidden, self.model.generator.weight, batch.tgt_out,
                                                self.cfg.train.label_smoothing, self.tokenizer.pad_id)
@@ -249,7 +249,7 @@ class Trainer:
         with torch.inference_mode():
             for idx in make_batches(self.valid_enc, self.cfg.train.batch_tokens, self.cfg.seed, 0, shuffle=False):
                 b = collate(self.valid_enc, idx, self.tokenizer).to(self.device)
-                with autocast(self.cfg.precision, self.device):
+                with autocast(self.cfg.precision, self.device), training_attention(self.device, b.longest):
                     logits = self.model(b.src, b.tgt_in)
                 loss, nll = label_smoothed_nll(logits, b.tgt_out, self.cfg.train.label_smoothing, self.tokenizer.pad_id)
                 loss_sum += float(loss)
@@ -330,8 +330,7 @@ class Trainer:
                 self.log, self.quiet = (lambda msg: None), True
             elif note := distributed.unused_gpus_note(self.device):
                 self.log(note)
-            with shape_changing_attention(self.device):  # batch shapes rarely repeat
-                return self._run()
+            return self._run()
         finally:
             distributed.close()
 
