@@ -1,6 +1,6 @@
 """GPU figures in one run: the card's matmul peaks, base-shape training tokens/s and MFU (tfm vs Marian),
-padding to multiples of 8, the fused loss, cuDNN attention in training, decoding speed (tfm vs transformers'
-generate), torch.compile.
+padding to multiples of 8, the fused loss, cuDNN and flash attention in training, decoding speed (tfm vs
+transformers' generate), torch.compile.
 
 Every system runs on the same GPU in the same process, in alternation (bench/common.py). Training
 steps are those of bench/train_speed.py, each ending with a synchronize; MFU is model FLOPs per
@@ -49,12 +49,12 @@ def _collated(data: EncodedCorpus, tok: Tokenizer, order: list[list[int]], pad_m
 
 
 def _tfm_step(cfg, tok: Tokenizer, device: torch.device, batches: list[Batch], fused_loss: bool = True,
-              wrap: Callable[[nn.Module], nn.Module] = lambda m: m,
-              cudnn_attention: bool = False) -> Callable[[int], None]:
-    """tfm's bf16 training step on a fresh model (the same initial weights every time), run through ``wrap``."""
+              wrap: Callable[[nn.Module], nn.Module] = lambda m: m, kernels: str = "trainer") -> Callable[[int], None]:
+    """tfm's bf16 training step on a fresh model (the same initial weights every time), run through ``wrap``,
+    with SDPA's kernels chosen as ``train_speed.KERNELS[kernels]``."""
     model = train_speed.model_factory(cfg, tok)().to(device)
     return train_speed.tfm_step(wrap(model), train_speed.optimizer(model, cfg, device=device), batches, "bf16", cfg,
-                                fused_loss=fused_loss, device=device, cudnn_attention=cudnn_attention)
+                                fused_loss=fused_loss, device=device, kernels=kernels)
 
 
 def train_rows(cfg, tok: Tokenizer, data: EncodedCorpus, device: torch.device, peak: dict[str, float],
@@ -99,15 +99,16 @@ def loss_row(cfg, tok: Tokenizer, data: EncodedCorpus, device: torch.device, rou
 
 
 def cudnn_rows(cfg, tok: Tokenizer, data: EncodedCorpus, device: torch.device, rounds: int) -> list[dict[str, Any]]:
-    """bf16 training with SDPA's cuDNN backend left out (as the Trainer does) vs allowed, on 4,096-token batches.
+    """bf16 training with SDPA's cuDNN backend left out (as the Trainer does) vs SDPA's default, which picks it on
+    Hopper GPUs, on 4,096-token batches; the other kernels are allowed in both.
 
     cuDNN attention builds a plan for each new shape, and unpadded batches rarely repeat one: the first
     pass over 48 batches counts those builds (totals, after 4 warm-up batches), later passes do not.
     """
     order = make_batches(data, 4096, cfg.seed, 0, shuffle=True)
     batches = _collated(data, tok, order, 1, device, count=52)
-    steps = {"without": _tfm_step(cfg, tok, device, batches, cudnn_attention=True),
-             "with": _tfm_step(cfg, tok, device, batches)}
+    steps = {"without": _tfm_step(cfg, tok, device, batches, kernels="sdpa default"),
+             "with": _tfm_step(cfg, tok, device, batches, kernels="flash allowed")}
     interleave(steps, 4)
     first = {k: v[4:] for k, v in interleave(steps, len(batches)).items()}
     later = interleave(steps, len(batches) * max(1, rounds // 8))
@@ -117,6 +118,20 @@ def cudnn_rows(cfg, tok: Tokenizer, data: EncodedCorpus, device: torch.device, r
     for row in rows:
         print(f"{row['lever']} ({row['workload']}): {row['speedup']:.2f}x per step"
               + (f", {row['total_speedup']:.2f}x in total" if "total_speedup" in row else ""), flush=True)
+    return rows
+
+
+def flash_rows(cfg, tok: Tokenizer, data: EncodedCorpus, device: torch.device, rounds: int) -> list[dict[str, Any]]:
+    """bf16 training with SDPA's flash kernel left out below 256 positions (as the Trainer does) vs allowed, at
+    25,000- and 4,096-token batches (cuDNN left out in both)."""
+    rows = []
+    for batch_tokens in (25000, 4096):
+        batches = _collated(data, tok, make_batches(data, batch_tokens, cfg.seed, 0, shuffle=True, pad_multiple=8),
+                            8, device)
+        steps = [_tfm_step(cfg, tok, device, batches, kernels=k) for k in ("flash allowed", "trainer")]
+        rows.append(lever_row("flash attention left out below 256 positions", f"bf16, {batch_tokens:,} tok/batch",
+                              without_with(*steps, rounds, min(4, rounds))))
+        print(f"{rows[-1]['lever']} ({rows[-1]['workload']}): {rows[-1]['speedup']:.2f}x", flush=True)
     return rows
 
 
@@ -170,7 +185,7 @@ def main() -> None:
     p.add_argument("--checkpoint", type=Path, required=True, help="a trained small checkpoint for decoding")
     p.add_argument("--data", default=DEFAULT_DATA, help="Multi30k folder")
     p.add_argument("--json", type=Path, default=Path("runs/gpu.json"))
-    p.add_argument("--sections", default="train,padding,loss,cudnn,decode,compile", help="which measurements, in order")
+    p.add_argument("--sections", default="train,padding,loss,cudnn,flash,decode,compile", help="which measurements, in order")
     p.add_argument("--decode-sentences", type=int, default=1000, help="test sentences per decoding setting")
     p.add_argument("--quick", action="store_true", help="a few rounds only (checks that the script runs)")
     p.add_argument("--device", default="cuda", help="cuda, or cpu to check the script without a GPU")
@@ -192,6 +207,7 @@ def main() -> None:
                 "padding": lambda: padding_row(cfg, tok, data, device, rounds),
                 "loss": lambda: loss_row(cfg, tok, data, device, rounds),
                 "cudnn": lambda: cudnn_rows(cfg, tok, data, device, rounds),
+                "flash": lambda: flash_rows(cfg, tok, data, device, rounds),
                 "decode": lambda: decode_rows(args.checkpoint, args.data, device, sentences),
                 "compile": lambda: compile_row(cfg, tok, data, device, peak, rounds)}
     for name in args.sections.split(","):

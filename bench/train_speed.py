@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +29,7 @@ from transformer import checkpoint
 from transformer.batching import Batch, collate, encode_corpus, make_batches
 from transformer.config import Config
 from transformer.corpus import load_split
-from transformer.device import autocast, shape_changing_attention
+from transformer.device import autocast, shape_changing_attention, training_attention
 from transformer.loss import generator_loss, label_smoothed_nll
 from transformer.tokenizer import Tokenizer
 from transformer.train import make_optimizer
@@ -73,21 +73,28 @@ def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor
     opt.zero_grad(set_to_none=True)
 
 
+# SDPA kernel choices for a training batch on a GPU: the Trainer's, every kernel but cuDNN, and SDPA's own default.
+KERNELS: dict[str, Callable[[torch.device, Batch], AbstractContextManager]] = {
+    "trainer": lambda device, b: training_attention(device, b.longest),
+    "flash allowed": lambda device, b: shape_changing_attention(device),
+    "sdpa default": lambda device, b: nullcontext(),
+}
+
+
 def tfm_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batches: list[Batch], precision: str, cfg: Config,
-             fused_loss: bool = True, device: torch.device = CPU,
-             cudnn_attention: bool = False) -> Callable[[int], None]:
+             fused_loss: bool = True, device: torch.device = CPU, kernels: str = "trainer") -> Callable[[int], None]:
     """A function running tfm's training step r on batch r (cycling through ``batches``), as the Trainer does.
 
     fused_loss=False makes the logits whole and scores them with ``label_smoothed_nll`` instead;
-    cudnn_attention=True lets SDPA use cuDNN on a GPU, which the Trainer leaves out. On a GPU the step
-    ends with a synchronize, so that a host clock times the work, not its launch.
+    ``kernels`` picks SDPA's kernels from ``KERNELS`` (on a CPU all choices are the same). On a GPU the
+    step ends with a synchronize, so that a host clock times the work, not its launch.
     """
     eps, clip = cfg.train.label_smoothing, cfg.train.clip_norm
-    attention = nullcontext if cudnn_attention else lambda: shape_changing_attention(device)
+    attention = KERNELS[kernels]
 
     def step(r: int) -> None:
         b = batches[r % len(batches)]
-        with autocast(precision, device), attention():
+        with autocast(precision, device), attention(device, b):
             if fused_loss:
                 hidden = model(b.src, b.tgt_in, logits=False)
                 loss, _ = generator_loss(hidden, model.generator.weight, b.tgt_out, eps, Tokenizer.PAD_ID)
