@@ -1,5 +1,5 @@
 """Speed settings chosen per device: fused Adam where torch has it, one CPU thread for small decoding batches,
-no cuDNN attention while decoding on CUDA."""
+no cuDNN attention on CUDA, and no flash attention for short training batches."""
 
 import torch
 
@@ -40,14 +40,16 @@ def test_decoding_on_cuda_leaves_cudnn_attention_out_and_restores_it():
         assert cuda.cudnn_sdp_enabled()
 
 
-def test_training_leaves_flash_out_below_256_positions_and_cudnn_always():
+def _sdpa_flags() -> tuple[bool, bool, bool, bool]:
     cuda = torch.backends.cuda
-    flags = lambda: (cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(),
-                     cuda.math_sdp_enabled())
+    return cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(), cuda.math_sdp_enabled()
+
+
+def test_training_leaves_flash_out_below_256_positions_and_cudnn_always():
     with training_attention(torch.device("cuda"), FLASH_FROM_LENGTH - 1):
-        assert flags() == (False, False, True, True)
+        assert _sdpa_flags() == (False, False, True, True)
     with training_attention(torch.device("cuda"), FLASH_FROM_LENGTH):
-        assert flags() == (False, True, True, True)
+        assert _sdpa_flags() == (False, True, True, True)
     with training_attention(torch.device("cpu"), 8):
-        assert flags() == (True, True, True, True)
-    assert flags() == (True, True, True, True)
+        assert _sdpa_flags() == (True, True, True, True)
+    assert _sdpa_flags() == (True, True, True, True)
