@@ -85,6 +85,7 @@ def test_output_into_head_has_no_broken_pipe(trained, tmp_path):
     (["train", "--config", ROOT / "configs" / "quickstart.yaml", "--set", "model.dropuot=0.2"], "did you mean 'model.dropout'"),
     (["train", "--config", ROOT / "configs" / "quickstart.yaml", "--set", "precision=fp16", "--set", "device=cpu"],
      "precision: fp16 needs a CUDA GPU"),
+    (["translate", "x", "--precision", "fp8"], "precision 'fp8' is not one of fp32, bf16, fp16"),
     (["translate", "x", "--checkpoint", "/nonexistent"], "checkpoint '/nonexistent' not found"),
     (["translate", "x", "--runs", "/nonexistent"], "no checkpoint found"),
 ])

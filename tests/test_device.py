@@ -1,10 +1,13 @@
-"""Speed settings chosen per device: fused Adam where torch has it, one CPU thread for small decoding batches,
-no cuDNN attention on CUDA, and no flash attention for short training batches."""
+"""Settings chosen per device: precision: auto, fused Adam where torch has it, one CPU thread for small decoding
+batches, no cuDNN attention on CUDA, and no flash attention for short training batches."""
 
 import torch
 
-from transformer.device import (FLASH_FROM_LENGTH, SMALL_DECODE_ROWS, decoding_threads, fused_adam,
-                              shape_changing_attention, training_attention)
+import pytest
+
+from transformer.config import ConfigError
+from transformer.device import (FLASH_FROM_LENGTH, SMALL_DECODE_ROWS, check_precision, decoding_threads, fused_adam,
+                              resolve_precision, shape_changing_attention, training_attention)
 
 
 def test_fused_adam_on_cpu_and_cuda_only():
@@ -53,3 +56,19 @@ def test_training_leaves_flash_out_below_256_positions_and_cudnn_always():
     with training_attention(torch.device("cpu"), 8):
         assert _sdpa_flags() == (True, True, True, True)
     assert _sdpa_flags() == (True, True, True, True)
+
+
+@pytest.mark.parametrize("capability, precision", [((9, 0), "bf16"), ((8, 0), "bf16"), ((7, 5), "fp16"), ((7, 0), "fp16")])
+def test_auto_precision_on_cuda_is_bf16_from_ampere_and_fp16_before(capability, precision, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert resolve_precision("auto", torch.device("cuda")) == precision
+
+
+def test_auto_precision_is_fp32_off_cuda_and_names_pass_through():
+    assert resolve_precision("auto", torch.device("cpu")) == "fp32"
+    assert [resolve_precision(p, torch.device("cpu")) for p in ("fp32", "bf16", "fp16")] == ["fp32", "bf16", "fp16"]
+
+
+def test_unknown_precision_is_a_config_error():
+    with pytest.raises(ConfigError, match="precision 'fp8' is not one of fp32, bf16, fp16"):
+        check_precision("fp8", torch.device("cpu"))

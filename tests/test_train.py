@@ -99,6 +99,14 @@ def test_resume_with_only_damaged_checkpoints_is_a_clear_error(tmp_path):
         Trainer(tiny_config(tmp_path, train={"max_steps": 4}), resume=True, quiet=True, log=lambda m: None).run()
 
 
+def test_auto_precision_trains_as_resolved_and_the_run_config_records_it(tmp_path):
+    cfg = tiny_config(tmp_path, precision="auto", train={"max_steps": 1})
+    logs = []
+    Trainer(cfg, quiet=True, log=logs.append).run()
+    assert cfg.precision == "auto" and any(m.endswith("on cpu in fp32") for m in logs)
+    assert "precision: fp32" in (cfg.out_dir / "config.yaml").read_text()
+
+
 def test_training_on_cuda_picks_attention_kernels_per_batch(tmp_path, monkeypatch):
     """Every training and validation forward pass runs without cuDNN attention (it plans every new shape) and,
     its batch being short, without flash; the flags are process-wide, readable without a GPU, and restored."""

@@ -131,7 +131,7 @@ class Config:
 
 _CHOICES = {
     "device": ("auto", "cpu", "cuda", "mps"),
-    "precision": ("fp32", "bf16", "fp16"),
+    "precision": ("fp32", "bf16", "fp16", "auto"),
     "data.format": ("multi30k", "text", "tsv", "jsonl", "hf"),
     "decode.too_long": ("truncate", "error"),
 }

@@ -19,7 +19,7 @@ import shutil
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,7 +31,8 @@ from transformer.errors import UserError
 from transformer.batching import Batch, EncodedCorpus, collate, encode_corpus, make_batches
 from transformer.config import Config, TrainConfig, dump, to_dict
 from transformer.corpus import Corpus, load_split
-from transformer.device import autocast, check_precision, fused_adam, resolve_device, training_attention
+from transformer.device import (autocast, check_precision, fused_adam, resolve_device, resolve_precision,
+                               training_attention)
 from transformer.evaluate import score
 from transformer.loss import generator_loss, label_smoothed_nll
 from transformer.schedule import learning_rate
@@ -100,14 +101,15 @@ class Trainer:
 
     def __init__(self, cfg: Config, resume: bool = False, overwrite: bool = False, quiet: bool = False,
                  log: Callable[[str], None] | None = None) -> None:
-        self.cfg = cfg
         self.resume = resume
         self.overwrite = overwrite
         self.quiet = quiet
         self.log = log or (lambda msg: print(msg, file=sys.stderr))
         self.run_dir = cfg.out_dir
         self.device = distributed.local_device(resolve_device(cfg.device))
-        check_precision(cfg.precision, self.device)
+        # precision: auto becomes what this device runs best, and the run's config.yaml records it
+        self.cfg = replace(cfg, precision=resolve_precision(cfg.precision, self.device))
+        check_precision(self.cfg.precision, self.device)
         self.state = TrainState()
         self.stop_signal: int | None = None
 
