@@ -29,6 +29,16 @@ def test_shipped_configs_load(path):
     assert config.load(path).name
 
 
+def test_gpu_base_config_is_the_base_model_with_whole_updates_per_batch():
+    """configs/base-gpu.yaml differs from configs/base.yaml only in how it runs, never in what it trains."""
+    base, gpu = (config.to_dict(config.load(CONFIGS[0].parent / f"{n}.yaml")) for n in ("base", "base-gpu"))
+    for k in ("model", "data", "tokenizer", "decode"):
+        assert gpu[k] == base[k], k
+    assert {k for k in base["train"] if gpu["train"][k] != base["train"][k]} == {"batch_tokens", "accumulate"}
+    assert gpu["train"]["batch_tokens"] * gpu["train"]["accumulate"] >= base["train"]["batch_tokens"] * base["train"]["accumulate"]
+    assert (gpu["device"], gpu["precision"]) == ("cuda", "auto")
+
+
 def test_unknown_key_suggests_the_right_one(tmp_path):
     with pytest.raises(ConfigError, match=r"unknown config key 'train.warmpu'; did you mean 'train.warmup'\?"):
         config.load(_write(tmp_path, "train:\n  warmpu: 10\n"))
