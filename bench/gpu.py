@@ -48,6 +48,13 @@ def _collated(data: EncodedCorpus, tok: Tokenizer, order: list[list[int]], pad_m
     return [collate(data, idx, tok, pad_multiple).to(device) for idx in order[:count]]
 
 
+def _first_batches(cfg, data: EncodedCorpus, tok: Tokenizer, batch_tokens: int, pad_multiple: int,
+                   device: torch.device, count: int = 8) -> list[Batch]:
+    """The first ``count`` batches of a shuffled epoch of ``batch_tokens``-token batches padded to ``pad_multiple``."""
+    order = make_batches(data, batch_tokens, cfg.seed, 0, shuffle=True, pad_multiple=pad_multiple)
+    return _collated(data, tok, order, pad_multiple, device, count)
+
+
 def _tfm_step(cfg, tok: Tokenizer, device: torch.device, batches: list[Batch], fused_loss: bool = True,
               wrap: Callable[[nn.Module], nn.Module] = lambda m: m, kernels: str = "trainer") -> Callable[[int], None]:
     """tfm's bf16 training step on a fresh model (the same initial weights every time), run through ``wrap``,
@@ -63,8 +70,7 @@ def train_rows(cfg, tok: Tokenizer, data: EncodedCorpus, device: torch.device, p
     25,000-token update; then tfm's bf16 speed over its fp32 speed at each (a quotient of the two medians)."""
     rows = []
     for batch_tokens, precisions in ((4096, ("bf16", "fp32")), (25000, ("bf16", "fp32"))):
-        order = make_batches(data, batch_tokens, cfg.seed, 0, shuffle=True, pad_multiple=8)
-        batches = _collated(data, tok, order, 8, device)
+        batches = _first_batches(cfg, data, tok, batch_tokens, 8, device)
         for precision in precisions:
             out = train_speed.measure(cfg, tok, batches, precision, rounds, min(4, rounds), device)
             row = {"batch_tokens": batch_tokens, "precision": precision, "ratio_vs_marian": out["ratio"],
@@ -91,7 +97,7 @@ def padding_row(cfg, tok: Tokenizer, data: EncodedCorpus, device: torch.device, 
 
 def loss_row(cfg, tok: Tokenizer, data: EncodedCorpus, device: torch.device, rounds: int) -> dict[str, Any]:
     """The fused generator loss against logits made whole then scored, bf16, 25,000-token batches."""
-    batches = _collated(data, tok, make_batches(data, 25000, cfg.seed, 0, shuffle=True), 1, device)
+    batches = _first_batches(cfg, data, tok, 25000, 1, device)
     steps = [_tfm_step(cfg, tok, device, batches, fused_loss=fused) for fused in (False, True)]
     row = lever_row("generator and loss fused", "bf16, 25,000 tok/batch", without_with(*steps, rounds, min(4, rounds)))
     print(f"fused generator loss vs whole logits (bf16, 25,000 tok/batch): {row['speedup']:.2f}x", flush=True)
@@ -105,8 +111,7 @@ def cudnn_rows(cfg, tok: Tokenizer, data: EncodedCorpus, device: torch.device, r
     cuDNN attention builds a plan for each new shape, and unpadded batches rarely repeat one: the first
     pass over 48 batches counts those builds (totals, after 4 warm-up batches), later passes do not.
     """
-    order = make_batches(data, 4096, cfg.seed, 0, shuffle=True)
-    batches = _collated(data, tok, order, 1, device, count=52)
+    batches = _first_batches(cfg, data, tok, 4096, 1, device, count=52)
     steps = {"without": _tfm_step(cfg, tok, device, batches, kernels="sdpa default"),
              "with": _tfm_step(cfg, tok, device, batches, kernels="flash allowed")}
     interleave(steps, 4)
@@ -126,8 +131,7 @@ def flash_rows(cfg, tok: Tokenizer, data: EncodedCorpus, device: torch.device, r
     25,000- and 4,096-token batches (cuDNN left out in both)."""
     rows = []
     for batch_tokens in (25000, 4096):
-        batches = _collated(data, tok, make_batches(data, batch_tokens, cfg.seed, 0, shuffle=True, pad_multiple=8),
-                            8, device)
+        batches = _first_batches(cfg, data, tok, batch_tokens, 8, device)
         steps = [_tfm_step(cfg, tok, device, batches, kernels=k) for k in ("flash allowed", "trainer")]
         rows.append(lever_row("flash attention left out below 256 positions", f"bf16, {batch_tokens:,} tok/batch",
                               without_with(*steps, rounds, min(4, rounds))))
@@ -138,8 +142,7 @@ def flash_rows(cfg, tok: Tokenizer, data: EncodedCorpus, device: torch.device, r
 def compile_row(cfg, tok: Tokenizer, data: EncodedCorpus, device: torch.device, peak: dict[str, float],
                 rounds: int) -> dict[str, Any]:
     """torch.compile (dynamic shapes) against eager, bf16, 4,096-token batches padded to multiples of 8."""
-    order = make_batches(data, 4096, cfg.seed, 0, shuffle=True, pad_multiple=8)
-    batches = _collated(data, tok, order, 8, device)
+    batches = _first_batches(cfg, data, tok, 4096, 8, device)
     steps = {"eager": _tfm_step(cfg, tok, device, batches),
              "compiled": _tfm_step(cfg, tok, device, batches, wrap=lambda m: torch.compile(m, dynamic=True))}
     first = {}
