@@ -97,8 +97,9 @@ class Dropout(nn.Dropout):
             return super().forward(x)
         n = x.numel()
         bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=x.device).random_(-(2**63), 2**63 - 1)
-        keep = bits.view(torch.int16)[:n].view(x.shape) >= round(self.p * 65536) - 32768
-        return x * keep.to(x.dtype).mul_(1.0 / (1.0 - self.p))
+        lanes = bits.view(torch.int16)[:n].view(x.shape)
+        keep = torch.ge(lanes, round(self.p * 65536) - 32768, out=torch.empty_like(x))  # 1 or 0, in x's dtype
+        return x * keep.mul_(1.0 / (1.0 - self.p))
 
 
 class MultiHeadAttention(nn.Module):
