@@ -88,8 +88,9 @@ class Dropout(nn.Dropout):
     torch's CPU dropout draws one Bernoulli sample per element; with this the small model's training
     step ran 1.05-1.19x faster on the 2-core CPU over five runs (bench/levers.py). Each random int64
     gives four 16-bit lanes, and a lane keeps its element when it is at or above the threshold: the
-    drop rate is p rounded to a multiple of 2^-16. Elsewhere (CUDA has a fused kernel) and in eval mode this
-    is nn.Dropout.
+    drop rate is p rounded to a multiple of 2^-16. The comparison writes 1s and 0s straight into x's dtype:
+    0.6 ms for a [315, 13, 512] mask, against 2.3 ms through a bool mask and ``.to()``. Elsewhere (CUDA has
+    a fused kernel) and in eval mode this is nn.Dropout.
     """
 
     def forward(self, x: Tensor) -> Tensor:
