@@ -10,7 +10,7 @@ from cli.main import app
 from tiny import tiny_config
 from transformer import checkpoint
 from transformer.average import average
-from transformer.checkpoint import CheckpointError
+from transformer.errors import CheckpointError
 from transformer.train import Trainer
 
 

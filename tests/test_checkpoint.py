@@ -9,7 +9,7 @@ import torch
 
 from tiny import tiny_config
 from transformer import checkpoint
-from transformer.checkpoint import CheckpointError
+from transformer.errors import CheckpointError
 from transformer.tokenizer import Tokenizer
 
 SENTENCES = ["Ein Mann fährt Fahrrad.", "A man rides a bike.", "Der Hund läuft.", "The dog runs."] * 20

@@ -23,8 +23,9 @@ import torch
 
 from tiny import ROOT
 from transformer import checkpoint, config
-from transformer.config import Config, ConfigError, DataConfig
+from transformer.config import Config, DataConfig
 from transformer.corpus import load_split
+from transformer.errors import ConfigError
 from transformer.evaluate import bleu_tokenizer, score
 from transformer.tokenizer import Tokenizer, train_tokenizer
 from transformer.train import Trainer

@@ -1,3 +1,4 @@
+from transformer.errors import ConfigError
 """Config loading, validation and overrides: every bad value is one clear ConfigError."""
 
 from pathlib import Path
@@ -5,7 +6,6 @@ from pathlib import Path
 import pytest
 
 from transformer import config
-from transformer.config import ConfigError
 
 CONFIGS = sorted(Path(__file__).resolve().parent.parent.joinpath("configs").glob("*.yaml"))
 

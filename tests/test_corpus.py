@@ -12,7 +12,8 @@ import pytest
 
 from transformer import corpus as corpus_mod
 from transformer.config import DataConfig
-from transformer.corpus import ArrowColumn, Corpus, DataError, load_split
+from transformer.corpus import ArrowColumn, Corpus, load_split
+from transformer.errors import DataError
 
 PAIRS = [("Ein Mann fährt Fahrrad.", "A man rides a bike."), ("Der Hund läuft.", "The dog runs."), ("Grün.", "Green.")]
 

@@ -5,9 +5,9 @@ import torch
 
 import pytest
 
-from transformer.config import ConfigError
 from transformer.device import (FLASH_FROM_LENGTH, SMALL_DECODE_ROWS, check_precision, decoding_threads, fused_adam,
                               resolve_precision, shape_changing_attention, training_attention)
+from transformer.errors import ConfigError
 
 
 def test_fused_adam_on_cpu_and_cuda_only():

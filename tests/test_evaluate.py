@@ -3,7 +3,8 @@
 import pytest
 import sacrebleu
 
-from transformer.evaluate import EvalError, bleu_tokenizer, score
+from transformer.errors import EvalError
+from transformer.evaluate import bleu_tokenizer, score
 
 
 def test_same_as_sacrebleu_and_signature_printed():

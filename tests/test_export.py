@@ -11,7 +11,8 @@ import torch
 
 from tiny import ROOT, tiny_config
 from transformer import checkpoint
-from transformer.export import ExportError, export
+from transformer.errors import ExportError
+from transformer.export import export
 from transformer.search import greedy_search
 
 ctranslate2 = pytest.importorskip("ctranslate2")

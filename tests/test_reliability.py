@@ -30,6 +30,7 @@ from cli.main import app
 from cli.translate_cmd import run_translate
 from tiny import ROOT, SAMPLE, tiny_config
 from transformer import checkpoint, config
+from transformer.files import clean_partial
 from transformer.tokenizer import Tokenizer
 from transformer.train import Trainer
 from transformer.translator import Translator, clean_line
@@ -213,7 +214,7 @@ def test_interrupted_save_and_prune_are_repaired_on_the_next_start(tmp_path):
     os.replace(stale, folder / ".step_2.old-4242")
     checkpoint.save(folder / "step_2", cfg, tok, model, {"step": 3})  # its replacement did land
     (folder / ".step_9.tmp-4242").mkdir()
-    done = checkpoint.clean_partial(folder)
+    done = clean_partial(folder)
     assert done == ["restored best from .best.old-4242", "removed .step_2.old-4242", "removed .step_9.tmp-4242"]
     assert checkpoint.load(folder / "best").meta["step"] == 4 and checkpoint.load(folder / "step_2").meta["step"] == 3
     assert sorted(p.name for p in folder.iterdir()) == ["best", "step_2"]
@@ -234,7 +235,7 @@ def test_prune_never_leaves_a_half_deleted_checkpoint_that_looks_complete(tmp_pa
         checkpoint.prune(tmp_path, keep_last=2)
     monkeypatch.undo()
     assert [p.name for p in checkpoint.step_dirs(tmp_path)] == ["step_2", "step_3"]
-    assert checkpoint.clean_partial(tmp_path / "checkpoints") == [f"removed .step_1.tmp-{os.getpid()}"]
+    assert clean_partial(tmp_path / "checkpoints") == [f"removed .step_1.tmp-{os.getpid()}"]
 
 
 # ----- non-finite updates ----------------------------------------------------------------------------------

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transformer.config import ConfigError, DataConfig, TokenizerConfig
-from transformer.corpus import Corpus, DataError, load_split
+from transformer.config import DataConfig, TokenizerConfig
+from transformer.corpus import Corpus, load_split
+from transformer.errors import ConfigError, DataError
 from transformer.tokenizer import Tokenizer, train_tokenizer
 
 

@@ -7,7 +7,8 @@ import torch
 
 from tiny import tiny_config
 from transformer import checkpoint, train
-from transformer.train import Trainer, TrainError
+from transformer.errors import TrainError
+from transformer.train import Trainer
 
 
 def _losses(run_dir):

@@ -7,8 +7,9 @@ from hypothesis import strategies as st
 
 from tiny import tiny_config
 from transformer import checkpoint
+from transformer.errors import TranslateError
 from transformer.tokenizer import Tokenizer
-from transformer.translator import TranslateError, Translator, clean_line, matmul_weights_in
+from transformer.translator import Translator, clean_line, matmul_weights_in
 
 SENTENCES = ["Ein Mann fährt Fahrrad.", "A man rides a bike.", "Der Hund läuft im Park.", "The dog runs."] * 20
 

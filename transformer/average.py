@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 
 from transformer import checkpoint
-from transformer.checkpoint import CheckpointError
+from transformer.errors import CheckpointError
 
 
 def average(run_dir: str | Path, last: int, output: str | Path, overwrite: bool = False) -> Path:

@@ -24,8 +24,8 @@ import pyarrow as pa
 import torch
 from torch import Tensor
 
-from .corpus import Corpus, open_arrow, write_arrow, write_json
-from .tokenizer import Tokenizer
+from transformer.corpus import Corpus, open_arrow, write_arrow, write_json
+from transformer.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import errno
 import json
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,18 +24,14 @@ from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 
 from transformer import config as config_mod
-from transformer.errors import UserError
-from transformer.config import Config, ConfigError
-from transformer.corpus import DataError
+from transformer.errors import CheckpointError, ConfigError, DataError
+from transformer.config import Config
+from transformer.files import atomic_dir, remove_dir
 from transformer.model import Transformer
 from transformer.tokenizer import Tokenizer
 
 CONFIG, TOKENIZER, WEIGHTS, META, TRAINER = "config.yaml", "tokenizer.json", "model.safetensors", "meta.json", "trainer.pt"
 STEP_PREFIX = "step_"
-
-
-class CheckpointError(UserError, RuntimeError):
-    """A checkpoint that cannot be written or read, with the reason and the fix in one line."""
 
 
 @dataclass
@@ -56,17 +51,8 @@ def build_model(cfg: Config, tokenizer: Tokenizer) -> Transformer:
     return Transformer(v, v, tokenizer.pad_id, **dataclasses.asdict(cfg.model))
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_files(tmp: Path, cfg: Config, tokenizer: Tokenizer, model: torch.nn.Module,
                  meta: dict[str, Any], trainer_state: dict[str, Any] | None) -> None:
-    tmp.mkdir(parents=True)
     (tmp / CONFIG).write_text(config_mod.dump(cfg), encoding="utf-8")
     tokenizer.save(tmp / TOKENIZER)
     save_model(model, str(tmp / WEIGHTS))
@@ -74,23 +60,16 @@ def _write_files(tmp: Path, cfg: Config, tokenizer: Tokenizer, model: torch.nn.M
     (tmp / META).write_text(json.dumps(meta, indent=2), encoding="utf-8")
     if trainer_state is not None:
         torch.save(trainer_state, tmp / TRAINER)
-    for f in tmp.iterdir():
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
 
 
 def save(path: str | Path, cfg: Config, tokenizer: Tokenizer, model: torch.nn.Module,
          meta: dict[str, Any], trainer_state: dict[str, Any] | None = None) -> Path:
     """Write a checkpoint directory atomically; an existing one at ``path`` is replaced only once the new one is complete."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    old = path.with_name(f".{path.name}.old-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
     try:
-        _write_files(tmp, cfg, tokenizer, model, meta, trainer_state)
+        with atomic_dir(path) as tmp:
+            _write_files(tmp, cfg, tokenizer, model, meta, trainer_state)
     except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
         if e.errno == errno.ENOSPC:
             need = sum(p.numel() * p.element_size() for p in model.state_dict().values())
             factor = 3 if trainer_state is not None else 1
@@ -99,14 +78,6 @@ def save(path: str | Path, cfg: Config, tokenizer: Tokenizer, model: torch.nn.Mo
                 f"disk full while saving {path}: about {need * factor:,} bytes needed, {free:,} free; "
                 "free some space (older checkpoints are intact) and resume with --resume") from None
         raise CheckpointError(f"cannot write checkpoint {path}: {e.strerror or e}; check the directory is writable") from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if path.exists():
-        os.replace(path, old)
-    os.replace(tmp, path)
-    shutil.rmtree(old, ignore_errors=True)
-    _fsync_dir(path.parent)
     return path
 
 
@@ -120,40 +91,9 @@ def step_dirs(run_dir: str | Path) -> list[Path]:
 
 
 def prune(run_dir: str | Path, keep_last: int) -> None:
-    """Remove all but the newest ``keep_last`` step checkpoints.
-
-    Each is first renamed to a temporary name, so one whose deletion is cut short is never
-    mistaken for a checkpoint, and ``clean_partial`` finishes the job on the next start.
-    """
+    """Remove all but the newest ``keep_last`` step checkpoints (``files.clean_partial`` finishes a cut-short removal)."""
     for old in step_dirs(run_dir)[:-keep_last]:
-        doomed = old.with_name(f".{old.name}.tmp-{os.getpid()}")
-        os.replace(old, doomed)
-        shutil.rmtree(doomed, ignore_errors=True)
-
-
-def clean_partial(folder: str | Path) -> list[str]:
-    """Undo what an interrupted ``save`` or ``prune`` left in ``folder``; return what was done, one line each.
-
-    A kill between ``save``'s two renames leaves the previous checkpoint as ``.NAME.old-PID``
-    and no ``NAME``: it is put back. Temporary ``.NAME.tmp-PID`` directories and ``.old``
-    copies that were already replaced are deleted.
-    """
-    folder = Path(folder)
-    if not folder.is_dir():
-        return []
-    done = []
-    for old in sorted(p for p in folder.glob(".*.old-*") if p.is_dir()):
-        target = folder / old.name[1:].rsplit(".old-", 1)[0]
-        if target.exists():
-            shutil.rmtree(old, ignore_errors=True)
-            done.append(f"removed {old.name}")
-        else:
-            os.replace(old, target)
-            done.append(f"restored {target.name} from {old.name}")
-    for tmp in sorted(p for p in folder.glob(".*.tmp-*") if p.is_dir()):
-        shutil.rmtree(tmp, ignore_errors=True)
-        done.append(f"removed {tmp.name}")
-    return done
+        remove_dir(old)
 
 
 def read_config(path: Path) -> Config:

@@ -16,11 +16,7 @@ from typing import Any
 
 import yaml
 
-from transformer.errors import UserError
-
-
-class ConfigError(UserError, ValueError):
-    """A config that cannot be used, with a message that says why and how to fix it."""
+from transformer.errors import ConfigError
 
 
 @dataclass

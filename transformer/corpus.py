@@ -14,7 +14,6 @@ import gzip
 import hashlib
 import json
 import os
-import tempfile
 import urllib.request
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -25,17 +24,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .config import DataConfig
-from .errors import UserError
+from transformer.config import DataConfig
+from transformer.errors import DataError
+from transformer.files import atomic_file
 
 MULTI30K_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw"
 ARROW_ABOVE_BYTES = 64 * 2**20
 _ARROW_ROWS = 50_000
 _GZ_RATIO = 4
-
-
-class DataError(UserError, ValueError):
-    """A corpus or tokenizer file that cannot be used; the message names the problem and the fix."""
 
 
 @dataclass
@@ -299,15 +295,9 @@ def _multi30k(cfg: DataConfig, split: str) -> Corpus:
 
 def _download(url: str, dest: Path) -> None:
     """Fetch ``url`` into ``dest`` through a temporary file, so a failed download leaves nothing behind."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
-    try:
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as response:
-            while chunk := response.read(1 << 20):
-                out.write(chunk)
-        os.replace(tmp, dest)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    with atomic_file(dest, "wb") as out, urllib.request.urlopen(url, timeout=60) as response:
+        while chunk := response.read(1 << 20):
+            out.write(chunk)
 
 
 def _reason(e: OSError) -> str:
@@ -352,27 +342,15 @@ def _collect(pairs: Iterator[tuple[str, str]], cfg: DataConfig, split: str, file
 
 def write_arrow(path: Path, schema: pa.Schema, batches: Iterable[pa.RecordBatch]) -> None:
     """Stream record batches into an Arrow file (the ``datasets`` format) via a temporary name and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
-            for batch in batches:
-                writer.write_batch(batch)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    with atomic_file(path, "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
 
 
 def write_json(path: Path, value: dict) -> None:
     """Write a small JSON file atomically (temporary name, then rename)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(value, f)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    with atomic_file(path) as f:
+        json.dump(value, f)
 
 
 def open_arrow(path: Path) -> pa.Table:

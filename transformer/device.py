@@ -9,7 +9,8 @@ from typing import ContextManager
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from transformer.config import ConfigError
+from transformer.errors import ConfigError
+
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # the half precisions, by config name
 

@@ -28,14 +28,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from transformer.errors import UserError
+from transformer.errors import DistributedError
 
 # How long a rank waits at a collective (e.g. while rank 0 validates or saves) before failing with an error.
 TIMEOUT = timedelta(minutes=30)
-
-
-class DistributedError(UserError, RuntimeError):
-    """Distributed training cannot start as configured; the message says why and what to do."""
 
 
 def world_size() -> int:

@@ -1,5 +1,41 @@
-"""The one base class of errors a user can fix: the CLI prints their message on one line and exits 2."""
+"""Every error a user can fix, in one place: the CLI prints the message on one line and exits 2."""
 
 
 class UserError(Exception):
     """A problem with the user's input, config, data or files; the message names it and the fix."""
+
+
+class CheckpointError(UserError, RuntimeError):
+    """A checkpoint that cannot be written or read, with the reason and the fix in one line."""
+
+
+class ConfigError(UserError, ValueError):
+    """A config that cannot be used, with a message that says why and how to fix it."""
+
+
+class DataError(UserError, ValueError):
+    """A corpus or tokenizer file that cannot be used; the message names the problem and the fix."""
+
+
+class DistributedError(UserError, RuntimeError):
+    """Distributed training cannot start as configured; the message says why and what to do."""
+
+
+class EvalError(UserError, ValueError):
+    """Hypotheses and references that cannot be scored together."""
+
+
+class ExportError(UserError, RuntimeError):
+    """An export that cannot be done, with the reason and the fix."""
+
+
+class PlotError(UserError, RuntimeError):
+    """A picture cannot be drawn; the message says why and what to do."""
+
+
+class TrainError(UserError, RuntimeError):
+    """Training cannot start or go on; the message says why and what to do."""
+
+
+class TranslateError(UserError, ValueError):
+    """An input the translator refuses under the current settings."""

@@ -13,11 +13,7 @@ from typing import Sequence
 
 import sacrebleu
 
-from transformer.errors import UserError
-
-
-class EvalError(UserError, ValueError):
-    """Hypotheses and references that cannot be scored together."""
+from transformer.errors import EvalError
 
 
 @dataclass

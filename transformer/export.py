@@ -10,21 +10,16 @@ feeds ``x + <END>`` as the source and starts the target with ``<START>``, so the
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from transformer.checkpoint import Loaded, load
-from transformer.errors import UserError
+from transformer.errors import ExportError
+from transformer.files import atomic_dir
 
 FORMATS = ("ctranslate2",)
-
-
-class ExportError(UserError, RuntimeError):
-    """An export that cannot be done, with the reason and the fix."""
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -106,14 +101,6 @@ def export(checkpoint: str | Path, output: str | Path, fmt: str = "ctranslate2",
         raise ExportError(f"{out} already exists; pass --overwrite or choose another --output")
     loaded = load(checkpoint, "cpu")
     spec = ctranslate2_spec(loaded)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_dir(out) as tmp:
         spec.save(str(tmp))
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out

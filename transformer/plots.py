@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from transformer.errors import UserError
+from transformer.errors import PlotError
 from transformer.model import Transformer
 from transformer.search import greedy_search
 from transformer.tokenizer import Tokenizer
@@ -31,10 +31,6 @@ CURVES_SIZE = (1200, 360)  # pixels: loss, learning rate, validation BLEU side b
 PANEL_SIZE = (450, 400)  # pixels per attention head
 GRID_COLUMNS = 4
 ATTENTION_KINDS = ("cross", "encoder", "decoder")
-
-
-class PlotError(UserError, RuntimeError):
-    """A picture cannot be drawn; the message says why and what to do."""
 
 
 def _figure(pixels: tuple[int, int]) -> Figure:

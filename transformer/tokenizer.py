@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -21,8 +19,10 @@ import numpy as np
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
-from .config import ConfigError, TokenizerConfig
-from .corpus import Corpus, DataError
+from transformer.config import TokenizerConfig
+from transformer.corpus import Corpus
+from transformer.errors import ConfigError, DataError
+from transformer.files import atomic_file
 
 _SPACE = "▁"
 _BYTES = [f"<0x{b:02X}>" for b in range(256)]
@@ -76,17 +76,9 @@ class Tokenizer:
         return cls(hf)
 
     def save(self, path: str | Path) -> None:
-        """Write ``tokenizer.json`` atomically: a temporary file in the same folder, then a rename."""
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(self.to_str())
-            os.replace(tmp, p)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        """Write ``tokenizer.json`` atomically (``transformer.files``)."""
+        with atomic_file(path) as f:
+            f.write(self.to_str())
 
     def to_str(self) -> str:
         """The serialized tokenizer (the content of ``tokenizer.json``)."""

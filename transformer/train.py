@@ -27,7 +27,8 @@ import torch
 from tqdm import tqdm
 
 from transformer import checkpoint, distributed
-from transformer.errors import UserError
+from transformer.errors import CheckpointError, TrainError
+from transformer.files import clean_partial
 from transformer.batching import Batch, EncodedCorpus, collate, encode_corpus, make_batches
 from transformer.config import Config, TrainConfig, dump, to_dict
 from transformer.corpus import Corpus, load_split
@@ -41,10 +42,6 @@ from transformer.translator import Translator
 
 # Config sections that fix what a checkpoint's weights and tokenizer mean; resume refuses changes here.
 FROZEN_SECTIONS = ("model", "tokenizer")
-
-
-class TrainError(UserError, RuntimeError):
-    """Training cannot start or go on; the message says why and what to do."""
 
 
 @dataclass
@@ -119,7 +116,7 @@ class Trainer:
         """Check the run directory against --resume/--overwrite; return the checkpoint to resume from."""
         if self.resume:
             for folder in (self.run_dir, self.run_dir / "checkpoints"):  # what a kill -9 mid-save left behind
-                for note in checkpoint.clean_partial(folder):
+                for note in clean_partial(folder):
                     self.log(f"left by an interrupted save: {note}")
             existing = checkpoint.step_dirs(self.run_dir)
             if not existing:
@@ -140,7 +137,7 @@ class Trainer:
             try:
                 checkpoint.load(path, "cpu")
                 checkpoint.load_trainer_state(path)
-            except checkpoint.CheckpointError as e:
+            except CheckpointError as e:
                 aside = path.with_name(f"damaged-{path.name}")
                 path.rename(aside)
                 self.log(f"{path.name} is damaged ({e}); moved to {aside} and resuming from an older checkpoint")

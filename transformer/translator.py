@@ -18,7 +18,7 @@ from typing import Iterable, Iterator
 import torch
 from torch import nn
 
-from transformer.errors import UserError
+from transformer.errors import TranslateError
 from transformer.config import DecodeConfig
 from transformer.decoder_state import BufferPool
 from transformer.device import DTYPES, autocast, decoding_threads, shape_changing_attention
@@ -28,10 +28,6 @@ from transformer.tokenizer import Tokenizer
 
 _SPACES = re.compile(r"\s+")
 _SURROGATES = re.compile("[\ud800-\udfff]")
-
-
-class TranslateError(UserError, ValueError):
-    """An input the translator refuses under the current settings."""
 
 
 def clean_line(line: str) -> str:
