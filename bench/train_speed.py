@@ -25,12 +25,12 @@ import torch.nn.functional as F
 from common import interleave, median, paired_ratio
 from flops import train_flops
 from marian_peer import build_marian, marian_logits
-from transformer import checkpoint
 from transformer.batching import Batch, collate, encode_corpus, make_batches
 from transformer.config import Config
 from transformer.corpus import load_split
 from transformer.device import autocast, shape_changing_attention, training_attention
 from transformer.loss import generator_loss, label_smoothed_nll
+from transformer.model import build_model
 from transformer.tokenizer import Tokenizer
 from transformer.train import make_optimizer
 
@@ -130,7 +130,7 @@ def model_factory(cfg: Config, tok: Tokenizer) -> Callable[[], torch.nn.Module]:
     """Fresh tfm models of ``cfg``'s shape in train mode, all with the same initial weights."""
     def model() -> torch.nn.Module:
         torch.manual_seed(cfg.seed)
-        return checkpoint.build_model(cfg, tok).train()
+        return build_model(cfg.model, tok.vocab_size, tok.pad_id).train()
     return model
 
 

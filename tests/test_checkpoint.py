@@ -10,6 +10,7 @@ import torch
 from tiny import tiny_config
 from transformer import checkpoint
 from transformer.errors import CheckpointError
+from transformer.model import build_model
 from transformer.tokenizer import Tokenizer
 
 SENTENCES = ["Ein Mann fährt Fahrrad.", "A man rides a bike.", "Der Hund läuft.", "The dog runs."] * 20
@@ -20,7 +21,7 @@ def parts(tmp_path):
     cfg = tiny_config(tmp_path)
     tok = Tokenizer.train(SENTENCES, vocab_size=cfg.tokenizer.vocab_size)
     torch.manual_seed(0)
-    model = checkpoint.build_model(cfg, tok)
+    model = build_model(cfg.model, tok.vocab_size, tok.pad_id)
     return cfg, tok, model
 
 

@@ -13,6 +13,7 @@ from tiny import ROOT, tiny_config
 from transformer import checkpoint
 from transformer.errors import ExportError
 from transformer.export import export
+from transformer.model import build_model
 from transformer.search import greedy_search
 
 ctranslate2 = pytest.importorskip("ctranslate2")
@@ -25,7 +26,7 @@ def saved(request, tmp_path, sample_tokenizer):
     """A randomly initialised tiny checkpoint (post- or pre-norm) and its loaded form."""
     cfg = tiny_config(tmp_path, model={"norm_first": request.param, "dropout": 0.0})
     torch.manual_seed(0)
-    model = checkpoint.build_model(cfg, sample_tokenizer)
+    model = build_model(cfg.model, sample_tokenizer.vocab_size, sample_tokenizer.pad_id)
     path = checkpoint.save(tmp_path / "ckpt", cfg, sample_tokenizer, model, {"step": 0})
     return path, checkpoint.load(path)
 

@@ -18,6 +18,7 @@ from cli.main import app
 from tiny import tiny_config
 from transformer import checkpoint, plots
 from transformer.corpus import load_split
+from transformer.model import build_model
 from transformer.tokenizer import train_tokenizer
 
 needs_matplotlib = pytest.mark.skipif(find_spec("matplotlib") is None, reason="matplotlib not installed (tfm[plot])")
@@ -37,7 +38,7 @@ def ckpt(tmp_path_factory):
     root = tmp_path_factory.mktemp("plots")
     cfg = tiny_config(root, decode={"max_len_b": 4})
     tok = train_tokenizer(cfg.tokenizer, load_split(cfg.data, "train"))
-    return checkpoint.save(root / "ckpt", cfg, tok, checkpoint.build_model(cfg, tok), {"step": 0})
+    return checkpoint.save(root / "ckpt", cfg, tok, build_model(cfg.model, tok.vocab_size, tok.pad_id), {"step": 0})
 
 
 @needs_matplotlib

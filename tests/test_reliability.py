@@ -31,6 +31,7 @@ from cli.translate_cmd import run_translate
 from tiny import ROOT, SAMPLE, tiny_config
 from transformer import checkpoint, config
 from transformer.files import clean_partial
+from transformer.model import build_model
 from transformer.tokenizer import Tokenizer
 from transformer.train import Trainer
 from transformer.translator import Translator, clean_line
@@ -206,7 +207,7 @@ def test_interrupted_save_and_prune_are_repaired_on_the_next_start(tmp_path):
     """Kill between save's two renames: only ``.best.old-PID`` is left; it is put back, temporaries removed."""
     cfg = tiny_config(tmp_path)
     tok = Tokenizer.train([SENTENCE] * 20, vocab_size=cfg.tokenizer.vocab_size)
-    model = checkpoint.build_model(cfg, tok)
+    model = build_model(cfg.model, tok.vocab_size, tok.pad_id)
     folder = tmp_path / "run"
     best = checkpoint.save(folder / "best", cfg, tok, model, {"step": 4})
     os.replace(best, folder / ".best.old-4242")
@@ -223,7 +224,7 @@ def test_interrupted_save_and_prune_are_repaired_on_the_next_start(tmp_path):
 def test_prune_never_leaves_a_half_deleted_checkpoint_that_looks_complete(tmp_path, monkeypatch):
     cfg = tiny_config(tmp_path)
     tok = Tokenizer.train([SENTENCE] * 20, vocab_size=cfg.tokenizer.vocab_size)
-    model = checkpoint.build_model(cfg, tok)
+    model = build_model(cfg.model, tok.vocab_size, tok.pad_id)
     for step in (1, 2, 3):
         checkpoint.save(tmp_path / "checkpoints" / f"step_{step}", cfg, tok, model, {"step": step})
 
@@ -302,7 +303,7 @@ def ckpt(tmp_path_factory) -> Path:
     texts += (SAMPLE / "train.en").read_text(encoding="utf-8").splitlines()
     tok = Tokenizer.train(texts, vocab_size=cfg.tokenizer.vocab_size)
     torch.manual_seed(0)
-    return checkpoint.save(folder / "ck", cfg, tok, checkpoint.build_model(cfg, tok), {"step": 0})
+    return checkpoint.save(folder / "ck", cfg, tok, build_model(cfg.model, tok.vocab_size, tok.pad_id), {"step": 0})
 
 
 def _translate(ckpt: Path, *args: str):

@@ -111,7 +111,7 @@ def test_auto_precision_trains_as_resolved_and_the_run_config_records_it(tmp_pat
 def test_training_on_cuda_picks_attention_kernels_per_batch(tmp_path, monkeypatch):
     """Every training and validation forward pass runs without cuDNN attention (it plans every new shape) and,
     its batch being short, without flash; the flags are process-wide, readable without a GPU, and restored."""
-    real, build = train.training_attention, train.checkpoint.build_model
+    real, build = train.training_attention, train.build_model
     monkeypatch.setattr(train, "training_attention", lambda device, length: real(torch.device("cuda"), length))
     cuda, seen = torch.backends.cuda, []
 
@@ -121,7 +121,7 @@ def test_training_on_cuda_picks_attention_kernels_per_batch(tmp_path, monkeypatc
             (cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled())))
         return model
 
-    monkeypatch.setattr(train.checkpoint, "build_model", watched)
+    monkeypatch.setattr(train, "build_model", watched)
     Trainer(tiny_config(tmp_path, train={"max_steps": 2, "eval_every": 2}), quiet=True, log=lambda m: None).run()
     assert len(seen) >= 3 and set(seen) == {(False, False, True)}
     assert cuda.cudnn_sdp_enabled() and cuda.flash_sdp_enabled()

@@ -6,8 +6,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tiny import tiny_config
-from transformer import checkpoint
 from transformer.errors import TranslateError
+from transformer.model import build_model
 from transformer.tokenizer import Tokenizer
 from transformer.translator import Translator, clean_line, matmul_weights_in
 
@@ -19,7 +19,7 @@ def translator(tmp_path_factory):
     cfg = tiny_config(tmp_path_factory.mktemp("t"), decode={"max_len_b": 4, "batch_tokens": 64})
     tok = Tokenizer.train(SENTENCES, vocab_size=cfg.tokenizer.vocab_size)
     torch.manual_seed(0)
-    model = checkpoint.build_model(cfg, tok)
+    model = build_model(cfg.model, tok.vocab_size, tok.pad_id)
     t = Translator(model, tok, cfg.decode, cfg.model.max_positions, torch.device("cpu"))
     t.warn = lambda msg: None
     return t

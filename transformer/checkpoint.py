@@ -10,7 +10,6 @@ or a full disk never leaves a half-written checkpoint where a good one was.
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import json
 import shutil
@@ -27,7 +26,7 @@ from transformer import config as config_mod
 from transformer.errors import CheckpointError, ConfigError, DataError
 from transformer.config import Config
 from transformer.files import atomic_dir, remove_dir
-from transformer.model import Transformer
+from transformer.model import Transformer, build_model
 from transformer.tokenizer import Tokenizer
 
 CONFIG, TOKENIZER, WEIGHTS, META, TRAINER = "config.yaml", "tokenizer.json", "model.safetensors", "meta.json", "trainer.pt"
@@ -43,12 +42,6 @@ class Loaded:
     model: Transformer
     meta: dict[str, Any]
     path: Path
-
-
-def build_model(cfg: Config, tokenizer: Tokenizer) -> Transformer:
-    """The Transformer that a config and tokenizer describe (shared vocabulary)."""
-    v = tokenizer.vocab_size
-    return Transformer(v, v, tokenizer.pad_id, **dataclasses.asdict(cfg.model))
 
 
 def _write_files(tmp: Path, cfg: Config, tokenizer: Tokenizer, model: torch.nn.Module,
@@ -134,7 +127,7 @@ def load(path: str | Path, device: str | torch.device = "cpu") -> Loaded:
         raise CheckpointError(
             f"{path / TOKENIZER} does not match the weights (fingerprint {tokenizer.fingerprint()[:12]} != recorded "
             f"{str(recorded)[:12]}); put back the tokenizer.json saved with this checkpoint")
-    model = build_model(cfg, tokenizer)
+    model = build_model(cfg.model, tokenizer.vocab_size, tokenizer.pad_id)
     try:
         missing, unexpected = load_model(model, str(path / WEIGHTS), strict=False, device=str(device))
     except (SafetensorError, OSError, RuntimeError, ValueError) as e:

@@ -12,6 +12,7 @@ Shapes: B batch, S source length, T target length, V vocabulary, h heads, d_k = 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from transformer.config import ModelConfig
 from transformer.decoder_state import BufferPool, DecoderState
 
 
@@ -349,3 +351,8 @@ class Transformer(nn.Module):
         finally:
             for m in modules:
                 m.record_weights, m.weights = False, None
+
+
+def build_model(cfg: ModelConfig, vocab_size: int, pad_id: int) -> Transformer:
+    """The Transformer that a model config describes, over one vocabulary shared by both sides."""
+    return Transformer(vocab_size, vocab_size, pad_id, **dataclasses.asdict(cfg))

@@ -36,6 +36,7 @@ from transformer.device import (autocast, check_precision, fused_adam, resolve_d
                                training_attention)
 from transformer.evaluate import score
 from transformer.loss import generator_loss, label_smoothed_nll
+from transformer.model import build_model
 from transformer.schedule import learning_rate
 from transformer.tokenizer import Tokenizer, train_tokenizer
 from transformer.translator import Translator
@@ -345,7 +346,7 @@ class Trainer:
             if tokenizer is None and not distributed.is_main():
                 tokenizer = Tokenizer.load(self.run_dir / checkpoint.TOKENIZER)
             self.tokenizer, self.train_enc, self.valid, self.valid_enc = self._load_data(tokenizer)
-        self.model = checkpoint.build_model(cfg, self.tokenizer).to(self.device)
+        self.model = build_model(cfg.model, self.tokenizer.vocab_size, self.tokenizer.pad_id).to(self.device)
         self.ddp = distributed.wrap(self.model, self.device)
         distributed.seed_dropout(cfg.seed)
         self.optimizer = make_optimizer(self.model, t, self.device)
