@@ -2,19 +2,11 @@
 
 Library modules are imported inside each command so that ``tfm --help`` answers
 without loading torch. Every error a user can fix is printed as one line and
-exits with code 2.
-
-Idle OpenMP threads spin briefly, then sleep (``GOMP_SPINCOUNT=10000`` for torch's libgomp,
-unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set). On the 2-core CPU shared with 3 other torch
-processes, libgomp's default spin (300,000 rounds) made beam search 2.2-9.8x and training
-2.8-3.2x slower than this; on an idle CPU the short spin ran 0.84-1.01x (beam search) and
-0.88-1.08x (training) as fast as the default over four runs, while sleeping at once
-(OMP_WAIT_POLICY=PASSIVE) cost 13-45%. bench/run.py's levers and contended sections measure all three.
+exits with code 2. Process-wide settings (OpenMP, threads, malloc) come from transformer/process.py.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -22,9 +14,9 @@ from typing import List, Optional
 import typer
 
 from cli.errors import fail, user_errors
+from transformer.process import configure_openmp
 
-if "OMP_WAIT_POLICY" not in os.environ:  # read once, when torch loads its OpenMP runtime
-    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+configure_openmp()  # before any command loads torch
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Train and run the translation Transformer of 'Attention Is All You Need'.")
@@ -52,10 +44,10 @@ def train(
             flags = [f"--set={s}" for s in overrides] + ["--resume"] * resume + ["--overwrite"] * overwrite
             code = launch(nproc, ["train", f"--config={config}", *flags, *["--quiet"] * quiet])
             raise typer.Exit(code)
-        from transformer.allocator import keep_freed_memory
+        from transformer.process import keep_freed_memory
         from transformer.train import Trainer
 
-        keep_freed_memory()  # this process is ours: keep freed memory for the next step (transformer/allocator.py)
+        keep_freed_memory()  # this process is ours: keep freed memory for the next step
         result = Trainer(cfg, resume=resume, overwrite=overwrite, quiet=quiet).run()
     if result.exit_code:
         raise typer.Exit(result.exit_code)

@@ -9,7 +9,8 @@ from torch import nn
 
 from transformer.config import ModelConfig
 from transformer import model as model_module
-from transformer.model import Dropout, MultiHeadAttention, Transformer, safe_mask, sinusoids, source_masks
+from transformer.kernels import unpadded
+from transformer.model import MultiHeadAttention, Transformer, safe_mask, sinusoids
 
 PAD, START, V = 0, 1, 23
 SMALL = dict(N=2, d_model=32, d_ff=64, h=4, dropout=0.0)
@@ -146,13 +147,13 @@ def test_fully_masked_attention_row_gives_zeros():
 def test_unpadded_sources_attend_without_masks_and_translate_the_same(monkeypatch):
     """A batch with no source padding skips the masks on a CPU; outputs and gradients match the masked path."""
     keep = torch.ones(2, 1, 1, 5, dtype=torch.bool)
-    assert source_masks(keep) == (None, None)
+    assert unpadded(keep)
     keep[1, ..., 3:] = False
-    assert all(torch.equal(a, b) for a, b in zip(source_masks(keep), safe_mask(keep)))
+    assert not unpadded(keep)
     src, tgt = padded_batch([6, 6, 6]), padded_batch([5, 4, 2], seed=2)
     results = []
-    for masks in (source_masks, safe_mask):
-        monkeypatch.setattr(model_module, "source_masks", masks)
+    for shortcut in (unpadded, lambda keep: False):
+        monkeypatch.setattr(model_module, "unpadded", shortcut)
         model = small(dropout=0.0)
         out = model(src, tgt)
         out.square().sum().backward()
@@ -271,19 +272,3 @@ def test_attention_weights_reproduce_sdpa():
     assert torch.equal(weights["encoder"][0][2], torch.zeros(4, 6, 6))
     torch.testing.assert_close(weights["encoder"][1][:2].sum(-1), torch.ones(2, 4, 6))
     assert not any(m.record_weights for m in model.modules() if isinstance(m, MultiHeadAttention))
-
-
-def test_cpu_dropout_drops_p_scales_the_rest_and_follows_the_seed():
-    """The CPU fast path: drop rate p (to 2^-16), kept values scaled by 1 / (1 - p), seeded, identity in eval."""
-    x = torch.ones(1001, 333)
-    drop = Dropout(0.1)
-    torch.manual_seed(3)
-    y = drop(x)
-    assert abs((y == 0).float().mean().item() - 0.1) < 0.003
-    assert torch.allclose(y[y != 0], torch.tensor(1 / 0.9))
-    torch.manual_seed(3)
-    assert torch.equal(drop(x), y)
-    assert torch.equal(drop.eval()(x), x)
-    z = torch.ones(7, requires_grad=True)
-    Dropout(0.5)(z).sum().backward()
-    assert set(z.grad.tolist()) <= {0.0, 2.0}

@@ -8,8 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from transformer.model import Transformer
-from transformer.search import (beam_search, greedy_search, length_penalty, max_output_lengths, row_max,
-                               row_topk)
+from transformer.search import beam_search, greedy_search, length_penalty, max_output_lengths
 
 PAD, START, END, A, B = 0, 1, 2, 3, 4
 
@@ -234,32 +233,3 @@ def test_search_under_bf16_autocast_with_an_all_pad_source():
         beam = beam_search(random_model(), src, START, END, max_len_b=6, nbest=2)
     for h in greedy + [h for hs in beam for h in hs]:
         assert math.isfinite(h.score) and not {PAD, START} & set(h.tokens)
-
-
-def test_row_topk_equals_topk_on_a_large_vocabulary():
-    """The block-maximum shortcut beam search uses finds the same values and tokens as topk."""
-    torch.manual_seed(0)
-    x = torch.randn(7, 8000).log_softmax(-1)
-    x[2, :] = float("-inf")
-    x[2, 5] = -0.1  # a row forced to one token, as at max length
-    x[3, 1234] = 5.0
-    values, index = row_topk(x, 10)
-    want_values, want_index = x.topk(10, dim=1)
-    assert torch.equal(values, want_values)
-    assert torch.equal(index[[0, 1, 3, 4, 5, 6]], want_index[[0, 1, 3, 4, 5, 6]])  # row 2: ties among -inf
-    assert index[2, 0] == 5 and index[3, 0] == 1234
-
-
-def test_row_max_equals_max_with_ties_to_the_first_index():
-    """Greedy search's block-maximum argmax finds the same value and token as max, the first of equal maxima."""
-    torch.manual_seed(0)
-    x = torch.randn(9, 8000).log_softmax(-1)
-    x[0, [7, 3456, 7999]] = 1.0  # equal maxima in three blocks: the first, 7, wins
-    x[1, [120, 150]] = 2.0  # equal maxima within one block
-    x[2, :] = float("-inf")
-    x[2, 5] = -0.1  # a row forced to one token, as at max length
-    x[3, 7999] = 3.0  # the last column
-    values, index = row_max(x)
-    want_values, want_index = x.max(dim=1, keepdim=True)
-    assert torch.equal(values, want_values) and torch.equal(index, want_index)
-    assert index[:4, 0].tolist() == [7, 120, 5, 7999]

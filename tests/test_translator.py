@@ -9,7 +9,8 @@ from tiny import tiny_config
 from transformer.errors import TranslateError
 from transformer.model import build_model
 from transformer.tokenizer import Tokenizer
-from transformer.translator import Translator, clean_line, matmul_weights_in
+from transformer.kernels import matmul_weights_in
+from transformer.translator import Translator, clean_line
 
 SENTENCES = ["Ein Mann fährt Fahrrad.", "A man rides a bike.", "Der Hund läuft im Park.", "The dog runs."] * 20
 

@@ -23,6 +23,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from transformer.config import ModelConfig
 from transformer.decoder_state import BufferPool, DecoderState
+from transformer.kernels import Dropout, unpadded
 
 
 def sinusoids(start: int, length: int, d_model: int) -> Tensor:
@@ -60,19 +61,6 @@ def safe_mask(keep: Tensor) -> tuple[Tensor, Tensor]:
     return keep | ~rows, rows
 
 
-def source_masks(keep: Tensor) -> tuple[Tensor | None, Tensor | None]:
-    """safe_mask(keep) for the encoder and cross-attention, or (None, None) on a CPU when no source is padded.
-
-    Without a mask SDPA does no masking work and no output needs zeroing; most training batches have
-    no source padding (transformers drops such masks too). A training step ran 1.00-1.04x as fast
-    (bench/levers.py). On a GPU, asking whether a batch has padding would make the host wait for
-    the device, so the masks are always made there.
-    """
-    if keep.device.type == "cpu" and bool(keep.all()):
-        return None, None
-    return safe_mask(keep)
-
-
 def attention_probs(q: Tensor, k: Tensor, mask: Tensor | None, is_causal: bool, rows: Tensor | None) -> Tensor:
     """Attention probabilities softmax(q k^T / sqrt(d_k)) under the same masks as SDPA, computed explicitly."""
     scores = q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.size(-1))
@@ -82,27 +70,6 @@ def attention_probs(q: Tensor, k: Tensor, mask: Tensor | None, is_causal: bool, 
         scores = scores.masked_fill(~mask, float("-inf"))
     probs = scores.softmax(-1)
     return probs if rows is None else probs * rows
-
-
-class Dropout(nn.Dropout):
-    """nn.Dropout, with masks drawn 4 at a time from 64-bit random integers on the CPU.
-
-    torch's CPU dropout draws one Bernoulli sample per element; with this the small model's training
-    step ran 1.05-1.19x faster on the 2-core CPU over five runs (bench/levers.py). Each random int64
-    gives four 16-bit lanes, and a lane keeps its element when it is at or above the threshold: the
-    drop rate is p rounded to a multiple of 2^-16. The comparison writes 1s and 0s straight into x's dtype:
-    0.6 ms for a [315, 13, 512] mask, against 2.3 ms through a bool mask and ``.to()``. Elsewhere (CUDA has
-    a fused kernel) and in eval mode this is nn.Dropout.
-    """
-
-    def forward(self, x: Tensor) -> Tensor:
-        if not self.training or self.p in (0.0, 1.0) or x.device.type != "cpu":
-            return super().forward(x)
-        n = x.numel()
-        bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=x.device).random_(-(2**63), 2**63 - 1)
-        lanes = bits.view(torch.int16)[:n].view(x.shape)
-        keep = torch.ge(lanes, round(self.p * 65536) - 32768, out=torch.empty_like(x))  # 1 or 0, in x's dtype
-        return x * keep.mul_(1.0 / (1.0 - self.p))
 
 
 class MultiHeadAttention(nn.Module):
@@ -238,7 +205,7 @@ class Encoder(nn.Module):
         self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
 
     def forward(self, x: Tensor, src_keep: Tensor) -> Tensor:
-        mask, rows = source_masks(src_keep)
+        mask, rows = (None, None) if unpadded(src_keep) else safe_mask(src_keep)
         for layer in self.layers:
             x = layer(x, mask, rows)
         return self.norm(x)
@@ -253,7 +220,7 @@ class Decoder(nn.Module):
         self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
 
     def forward(self, y: Tensor, memory: Tensor, src_keep: Tensor) -> Tensor:
-        mask, rows = source_masks(src_keep)
+        mask, rows = (None, None) if unpadded(src_keep) else safe_mask(src_keep)
         for layer in self.layers:
             y = layer(y, memory, mask, rows)
         return self.norm(y)

@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from transformer.kernels import row_max, row_topk
+
 
 @dataclass
 class Hypothesis:
@@ -44,39 +46,6 @@ def length_penalty(length: int, alpha: float) -> float:
 def max_output_lengths(src_lengths: Tensor, max_len_a: float, max_len_b: int) -> Tensor:
     """Most tokens each sentence may produce before the forced <END>: floor(a * src_len + b)."""
     return (src_lengths.double() * max_len_a + max_len_b).floor().long().clamp(min=0)
-
-
-def row_topk(x: Tensor, m: int, block: int = 100) -> tuple[Tensor, Tensor]:
-    """``x.topk(m, dim=1)`` for rows of a large vocabulary: 1.7x faster for 160 rows of 8,000 on the CPU.
-
-    A row's m largest values lie in the m blocks of ``block`` columns with the largest maxima, so one
-    max per block, a top-m over blocks and a top-m over their m * block values find them.
-    """
-    R, V = x.shape
-    if V % block or V < 4 * m * block:
-        return x.topk(m, dim=1)
-    blocks = x.view(R, V // block, block)
-    _, chosen = blocks.amax(-1).topk(m, dim=1)  # [R, m] block numbers
-    values, j = blocks.gather(1, chosen[..., None].expand(R, m, block)).view(R, m * block).topk(m, dim=1)
-    return values, chosen.gather(1, j // block) * block + j % block
-
-
-def row_max(x: Tensor, block: int = 100) -> tuple[Tensor, Tensor]:
-    """``x.max(dim=1, keepdim=True)`` by block maxima: 3-4x faster for 32-160 rows of 8,000 on the CPU.
-
-    torch's max with indices runs far slower than its plain maximum (amax), so the row's maximum is
-    found among block maxima and only its block is searched for the index. Ties go to the first
-    index, as with max: the first block holding the maximum, then the first position in it. Whole
-    greedy searches gain little: 0.99-1.05x at batches of 32 and 256 sentences (bench/levers.py).
-    Below 4 rows the plain max is faster (16 vs 24 us for one row of 8,000).
-    """
-    R, V = x.shape
-    if V % block or R < 4:
-        return x.max(dim=1, keepdim=True)
-    blocks = x.view(R, V // block, block)
-    values, b = blocks.amax(-1).max(dim=1, keepdim=True)  # [R, 1]: the row's maximum and its first block
-    within = blocks.gather(1, b[..., None].expand(R, 1, block)).view(R, block).argmax(dim=1, keepdim=True)
-    return values, b * block + within
 
 
 @contextlib.contextmanager

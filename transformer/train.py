@@ -32,9 +32,9 @@ from transformer.files import clean_partial
 from transformer.batching import Batch, EncodedCorpus, collate, encode_corpus, make_batches
 from transformer.config import Config, TrainConfig, dump, to_dict
 from transformer.corpus import Corpus, load_split
-from transformer.device import (autocast, check_precision, fused_adam, resolve_device, resolve_precision,
-                               training_attention)
+from transformer.device import autocast, check_precision, resolve_device, resolve_precision
 from transformer.evaluate import score
+from transformer.kernels import fused_adam, training_attention
 from transformer.loss import generator_loss, label_smoothed_nll
 from transformer.model import build_model
 from transformer.schedule import learning_rate

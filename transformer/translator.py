@@ -7,7 +7,6 @@ output per input line, an empty line for an empty line, whatever the batch size.
 
 from __future__ import annotations
 
-import copy
 import re
 import sys
 import unicodedata
@@ -16,13 +15,13 @@ from itertools import islice
 from typing import Iterable, Iterator
 
 import torch
-from torch import nn
 
 from transformer.errors import TranslateError
 from transformer.config import DecodeConfig
-from transformer.decoder_state import BufferPool
-from transformer.device import DTYPES, autocast, decoding_threads, shape_changing_attention
+from transformer.device import DTYPES, autocast
+from transformer.kernels import matmul_weights_in, shape_changing_attention
 from transformer.model import Transformer
+from transformer.process import decoding_threads
 from transformer.search import Hypothesis, beam_search, greedy_search
 from transformer.tokenizer import Tokenizer
 
@@ -47,23 +46,6 @@ def padded_tensor(ids: list[list[int]], pad_id: int) -> torch.Tensor:
     for row, seq in enumerate(ids):
         src[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
     return src
-
-
-def matmul_weights_in(model: Transformer, dtype: torch.dtype) -> Transformer:
-    """A frozen copy of ``model`` whose Linear weights and biases are cast to ``dtype`` once, for decoding under autocast.
-
-    Autocast caches no casts under inference mode, so every decoding step cast every weight again
-    (the generator's 8,000 x 256 once per step). Cast ahead, the outputs are the same: autocast
-    rounds the same weights the same way. The generator gets its own copy of the tied embedding
-    table, so that embeddings stay in fp32 as under autocast.
-    """
-    half = copy.deepcopy(model, {id(model.kv_pool): BufferPool()})  # a pool of its own, not a copy of the buffers
-    half.eval().requires_grad_(False)
-    half.generator.weight = nn.Parameter(half.generator.weight.detach().to(dtype), requires_grad=False)
-    for module in half.modules():
-        if isinstance(module, nn.Linear):
-            module.to(dtype)
-    return half
 
 
 @dataclass

@@ -1,0 +1,85 @@
+"""Speed-only code computes what the plain PyTorch it stands for computes: dropout, block-wise top-k and argmax,
+the CPU no-mask shortcut (tested in test_model), fused Adam where torch has it, and SDPA kernel choices on CUDA."""
+
+import torch
+
+from transformer.kernels import (FLASH_FROM_LENGTH, Dropout, fused_adam, row_max, row_topk, shape_changing_attention,
+                                 training_attention)
+
+
+def test_cpu_dropout_drops_p_scales_the_rest_and_follows_the_seed():
+    """The CPU fast path: drop rate p (to 2^-16), kept values scaled by 1 / (1 - p), seeded, identity in eval."""
+    x = torch.ones(1001, 333)
+    drop = Dropout(0.1)
+    torch.manual_seed(3)
+    y = drop(x)
+    assert abs((y == 0).float().mean().item() - 0.1) < 0.003
+    assert torch.allclose(y[y != 0], torch.tensor(1 / 0.9))
+    torch.manual_seed(3)
+    assert torch.equal(drop(x), y)
+    assert torch.equal(drop.eval()(x), x)
+    z = torch.ones(7, requires_grad=True)
+    Dropout(0.5)(z).sum().backward()
+    assert set(z.grad.tolist()) <= {0.0, 2.0}
+
+
+def test_row_topk_equals_topk_on_a_large_vocabulary():
+    """The block-maximum shortcut beam search uses finds the same values and tokens as topk."""
+    torch.manual_seed(0)
+    x = torch.randn(7, 8000).log_softmax(-1)
+    x[2, :] = float("-inf")
+    x[2, 5] = -0.1  # a row forced to one token, as at max length
+    x[3, 1234] = 5.0
+    values, index = row_topk(x, 10)
+    want_values, want_index = x.topk(10, dim=1)
+    assert torch.equal(values, want_values)
+    assert torch.equal(index[[0, 1, 3, 4, 5, 6]], want_index[[0, 1, 3, 4, 5, 6]])  # row 2: ties among -inf
+    assert index[2, 0] == 5 and index[3, 0] == 1234
+
+
+def test_row_max_equals_max_with_ties_to_the_first_index():
+    """Greedy search's block-maximum argmax finds the same value and token as max, the first of equal maxima."""
+    torch.manual_seed(0)
+    x = torch.randn(9, 8000).log_softmax(-1)
+    x[0, [7, 3456, 7999]] = 1.0  # equal maxima in three blocks: the first, 7, wins
+    x[1, [120, 150]] = 2.0  # equal maxima within one block
+    x[2, :] = float("-inf")
+    x[2, 5] = -0.1  # a row forced to one token, as at max length
+    x[3, 7999] = 3.0  # the last column
+    values, index = row_max(x)
+    want_values, want_index = x.max(dim=1, keepdim=True)
+    assert torch.equal(values, want_values) and torch.equal(index, want_index)
+    assert index[:4, 0].tolist() == [7, 120, 5, 7999]
+
+
+def test_fused_adam_on_cpu_and_cuda_only():
+    assert fused_adam(torch.device("cpu"))  # torch 2.4+, which the test environment has
+    assert fused_adam(torch.device("cuda"))
+    assert not fused_adam(torch.device("mps"))
+
+
+def test_decoding_on_cuda_leaves_cudnn_attention_out_and_restores_it():
+    """The backend switches are process-wide flags, readable without a GPU."""
+    cuda = torch.backends.cuda
+    assert cuda.cudnn_sdp_enabled()
+    with shape_changing_attention(torch.device("cuda")):
+        assert not cuda.cudnn_sdp_enabled()
+        assert cuda.flash_sdp_enabled() and cuda.mem_efficient_sdp_enabled() and cuda.math_sdp_enabled()
+    assert cuda.cudnn_sdp_enabled()
+    with shape_changing_attention(torch.device("cpu")):
+        assert cuda.cudnn_sdp_enabled()
+
+
+def _sdpa_flags() -> tuple[bool, bool, bool, bool]:
+    cuda = torch.backends.cuda
+    return cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(), cuda.math_sdp_enabled()
+
+
+def test_training_leaves_flash_out_below_256_positions_and_cudnn_always():
+    with training_attention(torch.device("cuda"), FLASH_FROM_LENGTH - 1):
+        assert _sdpa_flags() == (False, False, True, True)
+    with training_attention(torch.device("cuda"), FLASH_FROM_LENGTH):
+        assert _sdpa_flags() == (False, True, True, True)
+    with training_attention(torch.device("cpu"), 8):
+        assert _sdpa_flags() == (True, True, True, True)
+    assert _sdpa_flags() == (True, True, True, True)

@@ -1,0 +1,80 @@
+"""Process-wide settings: how OpenMP threads wait, how many threads decode, what glibc's malloc keeps.
+
+They change the whole process, so only the entry points (``cli`` and ``bench``) apply them, and a
+user's own environment variables always win. The defaults suit a machine of one's own. Where other
+jobs share the CPU, ``TFM_SHARED_CPU=1`` makes idle OpenMP threads sleep soon instead of spinning
+and decodes small batches on one thread, so that tfm's threads do not wait on busy cores
+(measured by ``python -m bench.levers``). torch is imported late so ``configure_openmp`` can run first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import platform
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+SHARED_CPU = "TFM_SHARED_CPU"
+OMP_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+SHORT_SPIN = "10000"  # libgomp's default is 300,000 rounds of spinning before an idle thread sleeps
+SMALL_DECODE_ROWS = 64
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters, from glibc's malloc.h
+MMAP_THRESHOLD = 32 * 2**20  # the largest value glibc accepts on a 64-bit system
+TRIM_THRESHOLD = 2**30
+MALLOC_KEYS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_MAX_", "MALLOC_TOP_PAD_")
+
+
+def shared_cpu() -> bool:
+    """Whether the user said other jobs share this machine's CPU (``TFM_SHARED_CPU=1``)."""
+    return os.environ.get(SHARED_CPU, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def configure_openmp() -> None:
+    """On a shared CPU, let idle OpenMP threads spin briefly, then sleep; must run before torch starts OpenMP."""
+    if shared_cpu() and not any(k in os.environ for k in OMP_KEYS):
+        os.environ["GOMP_SPINCOUNT"] = SHORT_SPIN
+
+
+@contextlib.contextmanager
+def decoding_threads(device: torch.device, rows: int) -> Iterator[None]:
+    """On a shared CPU, decode batches of fewer than 64 rows (sentences x beam) on one intra-op thread.
+
+    A step of a small batch is a hundred tiny ops; a second thread pays only when its core is idle.
+    """
+    import torch  # here, not at the top: configure_openmp must be able to run before torch loads
+
+    threads = torch.get_num_threads()
+    if not shared_cpu() or device.type != "cpu" or rows >= SMALL_DECODE_ROWS or threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def on_glibc() -> bool:
+    """Whether this process runs on Linux's glibc, whose malloc ``mallopt`` tunes."""
+    return platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+
+
+def keep_freed_memory() -> bool:
+    """Keep the memory a training step frees for the next one; False (nothing set) off glibc or if the user set malloc.
+
+    glibc hands free heap back to the system and serves large blocks with mmap, so steps whose tensors
+    change size with every batch fault their memory in again. With mmap only for blocks over 32 MB and
+    trimming only beyond 1 GB free, a step reuses what the last one freed (``python -m bench.levers``).
+    """
+    if not on_glibc():
+        return False
+    if any(k in os.environ for k in MALLOC_KEYS) or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
+        return False
+    libc = ctypes.CDLL(None)  # the C library the process already runs on
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
