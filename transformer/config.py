@@ -237,9 +237,9 @@ def validate(cfg: Config) -> Config:
         if not ok(value):
             raise ConfigError(f"{key}: {value!r} is out of range; it must be {want}")
     if cfg.compile:
-        raise ConfigError("compile: true is not supported: torch.compile made the small model's training step "
-                          "0.77x as fast on a 2-core CPU, after a 37 s first step (bench/run.py), and on an H100 "
-                          "its first 8 base-shape steps took over 170 s (bench/gpu.py); set compile: false")
+        raise ConfigError("compile: true is not supported: torch.compile made training slower in tfm's benchmarks, "
+                          "after a long first step for every new batch shape (python -m bench.run, bench.gpu); "
+                          "set compile: false")
     m = cfg.model
     if m.d_model % m.h:
         raise ConfigError(f"model.d_model ({m.d_model}) must be divisible by model.h ({m.h}); change one of them")

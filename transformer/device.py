@@ -29,8 +29,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_precision(name: str, device: torch.device) -> str:
-    """``auto``: bf16 on a CUDA GPU with bf16 tensor cores (compute capability 8.0 and up: A100, RTX 30xx, H100),
-    fp16 with loss scaling on older ones (V100, T4), fp32 elsewhere; other names are returned as they are.
+    """``auto``: bf16 on a CUDA GPU with bf16 tensor cores (compute capability 8.0 and up),
+    fp16 with loss scaling on older ones, fp32 elsewhere; other names are returned as they are.
 
     fp32 on CPUs, because bf16 pays only on some processors (``python -m bench.run`` compares the two).
     """

@@ -50,6 +50,13 @@ def unpadded(keep: Tensor) -> bool:
     return keep.device.type == "cpu" and bool(keep.all())
 
 
+def attention_kernel(q: Tensor) -> ContextManager:
+    """SDPA's plain math kernel for bf16 training on a CPU, whose flash kernel has a slower backward; else SDPA's choice."""
+    if q.dtype == torch.bfloat16 and q.device.type == "cpu" and torch.is_grad_enabled():
+        return sdpa_kernel(SDPBackend.MATH)
+    return contextlib.nullcontext()
+
+
 def row_topk(x: Tensor, m: int, block: int = 100) -> tuple[Tensor, Tensor]:
     """``x.topk(m, dim=1)`` for rows over a large vocabulary, found through block maxima.
 

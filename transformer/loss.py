@@ -8,12 +8,8 @@ whole update, however many micro-batches it spans.
 ``label_smoothed_nll`` scores logits (validation, and the reference in tests). Training uses
 ``generator_loss``, which fuses the output projection with the loss: logits are made a chunk of
 rows at a time and turned into their gradient, ``(softmax - smoothed target) * keep``, while still
-in cache, so the [tokens, V] logits never exist whole. On the 2-core CPU (128-row chunks) the
-projection plus loss of a 4,000-token batch took 204 instead of 375 ms (d_model 256) and 365 instead
-of 536 ms (512); the small model's whole training step ran 1.09-1.24x faster over five runs
-(bench/levers.py). On an H200 (chunks of up to 256 MB of logits) the base model's bf16 step on
-25,000-token batches ran 0.98x as fast as with whole logits (bench/gpu.py): no gain there, but the
-memory of the logits is saved.
+in cache, so the [tokens, V] logits never exist whole: faster on a CPU, and less memory everywhere
+(``python -m bench.levers`` and ``bench.gpu`` measure it against whole logits).
 """
 
 from __future__ import annotations
@@ -22,15 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-CPU_CHUNK = 128  # rows of logits made at once on a CPU: the fastest of 128-1024 on the 2-core CPU (4 MB at V = 8,000)
+CPU_CHUNK = 128  # rows of logits made at once on a CPU: about 4 MB at V = 8,000, so they stay in cache
 GPU_CHUNK_ELEMENTS = 2**26  # on a GPU, logits of up to 256 MB at once: a few large kernels instead of many small ones
 
 
 def chunk_rows(device: torch.device, V: int) -> int:
-    """Rows of logits ``generator_loss`` makes at once: cache-sized on a CPU, large on a GPU.
-
-    On an H200, 128-row chunks made a 25,000-token base training step 2.4x slower: 200 chunks of small kernels.
-    """
+    """Rows of logits ``generator_loss`` makes at once: cache-sized on a CPU, large on a GPU (small chunks there
+    mean hundreds of small kernels per step)."""
     return CPU_CHUNK if device.type == "cpu" else max(CPU_CHUNK, GPU_CHUNK_ELEMENTS // V)
 
 

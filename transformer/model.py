@@ -19,11 +19,10 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from transformer.config import ModelConfig
 from transformer.decoder_state import BufferPool, DecoderState
-from transformer.kernels import Dropout, unpadded
+from transformer.kernels import Dropout, attention_kernel, unpadded
 
 
 def sinusoids(start: int, length: int, d_model: int) -> Tensor:
@@ -105,11 +104,7 @@ class MultiHeadAttention(nn.Module):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, rows: Tensor | None = None,
                is_causal: bool = False) -> Tensor:
         """SDPA over the heads, merge them and project; rows (from safe_mask) zeroes queries with no key."""
-        if q.dtype == torch.bfloat16 and q.device.type == "cpu" and torch.is_grad_enabled():
-            # The CPU flash kernel's bf16 backward ran 3.5x slower than the plain math one (torch 2.13).
-            with sdpa_kernel(SDPBackend.MATH):
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
-        else:
+        with attention_kernel(q):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
         if self.record_weights:
             self.weights = attention_probs(q, k, mask, is_causal, rows)
