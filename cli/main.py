@@ -24,7 +24,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 
 @app.command()
 def train(
-    config: Path = typer.Option(..., "--config", "-c", help="YAML config, e.g. configs/quickstart.yaml"),
+    config: Path = typer.Option(..., "--config", "-c", help="YAML file, or a shipped config's name: base, small, ..."),
     set_: List[str] = typer.Option([], "--set", help="Override a config value: --set train.warmup=200 (repeatable)"),
     data_dir: Optional[str] = typer.Option(None, "--data-dir", help="Corpus location (sets data.path)"),
     resume: bool = typer.Option(False, "--resume", help="Continue from the run's newest checkpoint"),
@@ -165,6 +165,15 @@ def export(
 
         path = export_checkpoint(checkpoint, output, format_, overwrite)
     print(path)
+
+
+@app.command(name="configs")
+def configs_() -> None:
+    """List the configs that ship with tfm and what each is for (use one with --config NAME)."""
+    from transformer.config import describe, shipped
+
+    for name, path in shipped().items():
+        print(f"{name:<18} {describe(path)}")
 
 
 def main() -> None:

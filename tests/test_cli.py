@@ -102,3 +102,14 @@ def test_help_does_not_import_torch():
     r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
                        capture_output=True, text=True, timeout=60)
     assert "train" in r.stdout and r.stdout.strip().endswith("NO-TORCH")
+
+
+def test_configs_lists_the_shipped_configs_and_train_takes_one_by_name(tmp_path):
+    r = tfm("configs", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    names = [line.split()[0] for line in r.stdout.splitlines()]
+    assert {"base", "big", "quickstart", "small", "wmt14-base", "wmt14-big"} <= set(names)
+    r = tfm("train", "--config", "quickstart", "--quiet", "--set", f"run_dir={tmp_path}", "--set", f"data.path={SAMPLE}",
+            "--set", "train.max_steps=1", "--set", "train.eval_every=1", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "quickstart" / "best").is_dir()

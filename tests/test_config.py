@@ -1,11 +1,14 @@
-from transformer.errors import ConfigError
-"""Config loading, validation and overrides: every bad value is one clear ConfigError."""
+"""Config loading, validation and overrides: every bad value is one clear ConfigError; shipped configs by name."""
 
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from transformer import config
+from transformer.errors import ConfigError
 
 CONFIGS = sorted(Path(__file__).resolve().parent.parent.joinpath("configs").glob("*.yaml"))
 
@@ -84,3 +87,56 @@ def test_dump_round_trips(tmp_path):
     cfg = config.load(CONFIGS[0])
     again = config.load(_write(tmp_path, config.dump(cfg)))
     assert config.to_dict(again) == config.to_dict(cfg)
+
+
+def test_a_shipped_config_is_found_by_bare_name_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert config.find("base") == config.find("base.yaml") == CONFIGS[0].parent / "base.yaml"
+    assert config.load("small").model.d_model == 256
+    (tmp_path / "base.yaml").write_text("name: mine\n", encoding="utf-8")
+    assert config.load("base.yaml").name == "mine"  # a file of the user's wins over the shipped one
+
+
+def test_an_unknown_config_name_lists_the_shipped_ones(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"config file 'bsae.yaml' not found; .* base, base-gpu, big, .*tfm configs"):
+        config.load("bsae.yaml")
+    with pytest.raises(ConfigError, match="not found"):
+        config.load("elsewhere/base.yaml")  # a path is a path, never a shipped name
+
+
+def test_every_shipped_config_says_what_it_is_for():
+    assert set(config.shipped()) == {p.stem for p in CONFIGS}
+    assert all(config.describe(p) for p in CONFIGS)
+
+
+def test_the_paper_configs_carry_the_papers_values():
+    base, big = config.load("wmt14-base"), config.load("wmt14-big")
+    assert (base.model.N, base.model.d_model, base.model.d_ff, base.model.h, base.model.dropout) == (6, 512, 2048, 8, 0.1)
+    assert (big.model.N, big.model.d_model, big.model.d_ff, big.model.h, big.model.dropout) == (6, 1024, 4096, 16, 0.3)
+    assert (base.train.max_steps, big.train.max_steps, base.train.keep_last, big.train.keep_last) == (100_000, 300_000, 5, 20)
+    for c in (base, big):
+        assert (c.tokenizer.vocab_size, c.train.batch_tokens, c.train.warmup, c.train.label_smoothing) == (37000, 25000, 4000, 0.1)
+        assert (c.decode.beam, c.decode.alpha, c.decode.max_len_b, c.precision) == (4, 0.6, 50, "auto")
+        assert (c.data.format, c.data.path, c.data.hf_config, c.data.hf_field) == ("hf", "wmt/wmt14", "de-en", "translation")
+        assert (c.data.valid_split, c.data.test_split) == ("validation", "test")
+
+
+def test_an_installed_wheel_carries_the_configs(tmp_path):
+    """Installed without -e, tfm still finds its configs by name, from a directory that is not the repository."""
+    root, src = CONFIGS[0].parent.parent, tmp_path / "src"
+    src.mkdir()  # built from a copy, so no build/ folder lands in the repository
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(root / name, src)
+    for name in ("transformer", "cli", "configs"):
+        shutil.copytree(root / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "wheel"), str(src)],
+                   check=True, capture_output=True)
+    wheel = next((tmp_path / "wheel").glob("tfm-*.whl"))
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(tmp_path / "site"), str(wheel)], check=True,
+                   capture_output=True)
+    code = "from transformer import config; print(config.find('base'), config.load('wmt14-base').name)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={"PYTHONPATH": str(tmp_path / "site")},
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == [str(tmp_path / "site" / "configs" / "base.yaml"), "wmt14-base"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.resources
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -297,11 +298,35 @@ def from_dict(values: dict[str, Any], overrides: list[str] | None = None) -> Con
     return validate(cfg)
 
 
+def shipped() -> dict[str, Path]:
+    """The configs that ship with tfm, by name (the file name without ``.yaml``)."""
+    folder = Path(str(importlib.resources.files("configs")))
+    return {p.stem: p for p in sorted(folder.glob("*.yaml"), key=lambda p: p.stem)}
+
+
+def describe(path: Path) -> str:
+    """A config file's first comment line, which says what it is for."""
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("#"):
+            return line.lstrip("# ").strip()
+    return ""
+
+
+def find(name: str | Path) -> Path:
+    """The config file ``name``: a path that exists, else a shipped config (``base`` or ``base.yaml``)."""
+    p = Path(name)
+    if p.is_file():
+        return p
+    configs = shipped()
+    if p.parent == Path(".") and p.suffix in ("", ".yaml", ".yml") and p.stem in configs:
+        return configs[p.stem]
+    raise ConfigError(f"config file '{p}' not found; give a YAML file or a shipped config: "
+                      f"{', '.join(configs)} (tfm configs says what each is for)")
+
+
 def load(path: str | Path, overrides: list[str] | None = None) -> Config:
-    """Load a YAML config file; errors name the file, and for syntax errors the line and column."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file '{p}' not found; pass an existing YAML file, e.g. configs/quickstart.yaml")
+    """Load a YAML config file (or a shipped one by name); errors name the file, and for syntax errors the line and column."""
+    p = find(path)
     try:
         values = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
     except yaml.MarkedYAMLError as e:
