@@ -63,7 +63,7 @@ def translate(
     greedy: bool = typer.Option(False, "--greedy", help="Greedy search (same as --beam 1)"),
     nbest: int = typer.Option(1, "--nbest", min=1, help="Print the K best: 'line ||| text ||| score'"),
     batch_tokens: Optional[int] = typer.Option(None, "--batch-tokens", "--batch-size", min=1, help="Source tokens per batch"),
-    device: str = typer.Option("auto", "--device", help="auto|cpu|cuda|mps"),
+    device: str = typer.Option("auto", "--device", help="auto|cpu|cuda|cuda:N|mps"),
     precision: str = typer.Option("fp32", "--precision", help="fp32|bf16|fp16"),
     runs: Path = typer.Option(Path("runs"), "--runs", help="Where to look for the newest run"),
 ) -> None:
@@ -84,7 +84,7 @@ def eval_(
     hyp: Optional[Path] = typer.Option(None, "--hyp", help="Score this hypothesis file against --ref (no model)"),
     beam: Optional[int] = typer.Option(None, "--beam", min=1, help="Beam size (default: the config's, 4)"),
     data_dir: Optional[str] = typer.Option(None, "--data-dir", help="Corpus location (overrides the checkpoint's data.path)"),
-    device: str = typer.Option("auto", "--device", help="auto|cpu|cuda|mps"),
+    device: str = typer.Option("auto", "--device", help="auto|cpu|cuda|cuda:N|mps"),
     precision: str = typer.Option("fp32", "--precision", help="fp32|bf16|fp16"),
     runs: Path = typer.Option(Path("runs"), "--runs", help="Where to look for the newest run"),
 ) -> None:

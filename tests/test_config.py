@@ -1,5 +1,6 @@
 """Config loading, validation and overrides: every bad value is one clear ConfigError; shipped configs by name."""
 
+import re
 import shutil
 import subprocess
 import sys
@@ -140,3 +141,42 @@ def test_an_installed_wheel_carries_the_configs(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={"PYTHONPATH": str(tmp_path / "site")},
                          capture_output=True, text=True, check=True).stdout.split()
     assert out == [str(tmp_path / "site" / "configs" / "base.yaml"), "wmt14-base"]
+
+
+@pytest.mark.parametrize("key, guess", [
+    ("train.lerning_rate", "did you mean 'train.peak_lr' or 'train.lr_factor'?"),
+    ("train.batch_size", "did you mean 'train.batch_tokens'?"),
+    ("model.num_layers", "did you mean 'model.N'?"),
+    ("decode.beam_size", "did you mean 'decode.beam'?"),
+])
+def test_keys_from_other_toolkits_suggest_the_keys_that_mean_the_same(key, guess):
+    with pytest.raises(ConfigError, match=re.escape(f"unknown config key '{key}'; {guess}")):
+        config.from_dict({}, [f"{key}=1"])
+
+
+def test_a_bad_override_is_blamed_on_set_not_on_the_file(tmp_path):
+    path = _write(tmp_path, "train:\n  warmup: 10\n")
+    with pytest.raises(ConfigError, match=r"^--set train.max_steps: 0 is out of range"):
+        config.load(path, ["train.max_steps=0"])
+    with pytest.raises(ConfigError, match=r"^--set unknown config key 'train.nope'"):
+        config.load(path, ["train.nope=1"])
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: train.warmup: 0 is out of range"):
+        config.load(_write(tmp_path, "train:\n  warmup: 0\n"), ["train.max_steps=5"])
+
+
+def test_a_key_given_twice_is_refused_with_its_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"c.yaml: line 4: key 'warmup' appears twice in one section; keep one"):
+        config.load(_write(tmp_path, "name: a\ntrain:\n  warmup: 3\n  warmup: 4\n"))
+
+
+@pytest.mark.parametrize("name", ["../../x", "a/b", "..", ".", "", "a b"])
+def test_a_run_name_is_a_plain_name_so_the_run_stays_in_run_dir(name):
+    with pytest.raises(ConfigError, match="must be a plain name"):
+        config.from_dict({"name": name})
+
+
+def test_an_unreadable_config_is_one_line(tmp_path):
+    folder = tmp_path / "dir.yaml"
+    folder.mkdir()
+    with pytest.raises(ConfigError, match="not found"):
+        config.load(folder)

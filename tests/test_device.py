@@ -4,7 +4,7 @@ import torch
 
 import pytest
 
-from transformer.device import check_precision, resolve_precision
+from transformer.device import check_precision, resolve_device, resolve_precision
 from transformer.errors import ConfigError
 
 
@@ -22,3 +22,20 @@ def test_auto_precision_is_fp32_off_cuda_and_names_pass_through():
 def test_unknown_precision_is_a_config_error():
     with pytest.raises(ConfigError, match="precision 'fp8' is not one of fp32, bf16, fp16"):
         check_precision("fp8", torch.device("cpu"))
+
+
+@pytest.mark.parametrize("name, message", [
+    ("gpu", r"device 'gpu' is not one of auto, cpu, cuda, cuda:N, mps \(a GPU is 'cuda'\)"),
+    ("meta", "device 'meta' is not one of"),
+    ("cuda:7", "device 'cuda:7'"),
+    ("cuda:x", "device 'cuda:x'"),
+])
+def test_unknown_or_absent_devices_are_config_errors(name, message):
+    if name == "cuda:7" and torch.cuda.device_count() > 7:
+        pytest.skip("this machine has 8 GPUs")
+    with pytest.raises(ConfigError, match=message):
+        resolve_device(name)
+
+
+def test_device_names_ignore_case_and_spaces():
+    assert resolve_device(" CPU ") == torch.device("cpu")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib.resources
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -167,6 +168,27 @@ _RANGES: list[tuple[str, Any, str]] = [
 ]
 
 
+# Names users bring from other toolkits, and the keys that mean the same here.
+_SYNONYMS = {
+    "learning_rate": ("peak_lr", "lr_factor"), "lr": ("peak_lr", "lr_factor"), "batch_size": ("batch_tokens",),
+    "max_tokens": ("batch_tokens",), "epochs": ("max_epochs",), "steps": ("max_steps",), "warmup_steps": ("warmup",),
+    "update_freq": ("accumulate",), "layers": ("N",), "num_layers": ("N",), "heads": ("h",), "num_heads": ("h",),
+    "hidden_size": ("d_model",), "ffn_dim": ("d_ff",), "beam_size": ("beam",), "length_penalty": ("alpha",),
+    "vocab": ("vocab_size",), "smoothing": ("label_smoothing",),
+}
+
+
+def _suggest(key: str, names: list[str]) -> list[str]:
+    """Known keys a mistyped or foreign ``key`` probably meant: close spellings, then synonyms (typos included)."""
+    close = difflib.get_close_matches(key, names, n=2)
+    for synonym in difflib.get_close_matches(key.lower(), list(_SYNONYMS), n=1, cutoff=0.8):
+        close += [n for n in _SYNONYMS[synonym] if n in names and n not in close]
+    return close
+
+
+_PLAIN_NAME = re.compile(r"[\w.-]+")
+
+
 def _get(cfg: Config, dotted: str) -> Any:
     obj: Any = cfg
     for part in dotted.split("."):
@@ -215,8 +237,9 @@ def _apply(obj: Any, values: dict[str, Any], prefix: str) -> None:
     for key, value in values.items():
         dotted = f"{prefix}{key}"
         if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; known keys: {', '.join(names)}"
+            close = _suggest(str(key), names)
+            guess = " or ".join(f"'{prefix}{c}'" for c in close)
+            hint = f"; did you mean {guess}?" if close else f"; known keys: {', '.join(names)}"
             raise ConfigError(f"unknown config key '{dotted}'{hint}")
         current = getattr(obj, key)
         if dataclasses.is_dataclass(current):
@@ -237,6 +260,9 @@ def validate(cfg: Config) -> Config:
         value = _get(cfg, key)
         if not ok(value):
             raise ConfigError(f"{key}: {value!r} is out of range; it must be {want}")
+    if not _PLAIN_NAME.fullmatch(cfg.name) or cfg.name in (".", ".."):
+        raise ConfigError(f"name: '{cfg.name}' must be a plain name (letters, digits, '.', '_', '-'): the run goes to "
+                          "run_dir/name; choose the folder with run_dir")
     if cfg.compile:
         raise ConfigError("compile: true is not supported: torch.compile made training slower in tfm's benchmarks, "
                           "after a long first step for every new batch shape (python -m bench.run, bench.gpu); "
@@ -290,12 +316,38 @@ def overrides_to_dict(overrides: list[str]) -> dict[str, Any]:
 
 
 def from_dict(values: dict[str, Any], overrides: list[str] | None = None) -> Config:
-    """Build and validate a Config from plain values plus ``key=value`` overrides."""
+    """Build and validate a Config from plain values plus ``key=value`` overrides.
+
+    An error caused by an override says so (``--set ...``), so that it is not blamed on the file.
+    """
     cfg = Config()
     _apply(cfg, values, "")
-    if overrides:
-        _apply(cfg, overrides_to_dict(overrides), "")
-    return validate(cfg)
+    keys = [item.split("=", 1)[0].strip() for item in overrides or []]
+    try:
+        if overrides:
+            _apply(cfg, overrides_to_dict(overrides), "")
+    except ConfigError as e:
+        raise ConfigError(f"--set {e}") from None
+    try:
+        return validate(cfg)
+    except ConfigError as e:
+        if any(k and k in str(e) for k in keys):
+            raise ConfigError(f"--set {e}") from None
+        raise
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one section is an error, not a silent overwrite."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise ConfigError(f"line {key_node.start_mark.line + 1}: key '{key}' appears twice in one section; "
+                                  "keep one")
+            seen.add(key)
+        return super().construct_mapping(node, deep)
 
 
 def shipped() -> dict[str, Path]:
@@ -328,19 +380,23 @@ def load(path: str | Path, overrides: list[str] | None = None) -> Config:
     """Load a YAML config file (or a shipped one by name); errors name the file, and for syntax errors the line and column."""
     p = find(path)
     try:
-        values = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        values = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
         raise ConfigError(f"{p}: YAML syntax error at {where}: {e.problem}") from None
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise ConfigError(f"{p}: cannot read YAML ({e}); fix the file") from None
+    except ConfigError as e:
+        raise ConfigError(f"{p}: {e}") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read config file '{p}': {e.strerror or e}; check that it is a readable file") from None
     if not isinstance(values, dict):
         raise ConfigError(f"{p}: top level must be key: value lines, got {type(values).__name__}")
     try:
         return from_dict(values, overrides)
     except ConfigError as e:
-        raise ConfigError(f"{p}: {e}") from None
+        raise ConfigError(str(e) if str(e).startswith("--set ") else f"{p}: {e}") from None
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:

@@ -14,7 +14,19 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # the half precisions,
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto`` picks cuda, then mps, then cpu; an explicit device that is absent is a config error."""
+    """``auto`` picks cuda, then mps, then cpu; ``cuda:N`` picks a GPU; a device that is absent or unknown is a
+    config error (never a checkpoint error: a good checkpoint must not look damaged because of the device)."""
+    name = name.strip().lower()
+    if name.startswith("cuda:"):
+        count, index = torch.cuda.device_count(), name[len("cuda:"):]
+        if count == 0:
+            raise ConfigError(f"device '{name}': this machine has no CUDA GPU (or torch is a CPU build); use auto or cpu")
+        if not index.isdigit() or int(index) >= count:
+            raise ConfigError(f"device '{name}': this machine has {count} CUDA GPU(s); use cuda:0 to cuda:{count - 1}")
+        return torch.device(name)
+    if name not in ("auto", "cpu", "cuda", "mps"):
+        hint = " (a GPU is 'cuda')" if name == "gpu" else ""
+        raise ConfigError(f"device '{name}' is not one of auto, cpu, cuda, cuda:N, mps{hint}; pick one of them")
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
