@@ -42,6 +42,15 @@ def multi30k_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tatoeba() -> Path:
+    """Tatoeba cmn-eng (English TAB Chinese, no header); tests that need it are skipped where it is absent."""
+    path = Path(os.environ["TFM_TATOEBA"]) / "cmn-eng.tsv.gz"
+    if not path.is_file():
+        pytest.skip(f"Tatoeba cmn-eng not found at {path}; set TFM_TATOEBA to its folder")
+    return path
+
+
+@pytest.fixture(scope="session")
 def multi30k_cfg(multi30k_dir: Path) -> DataConfig:
     return DataConfig(format="multi30k", path=str(multi30k_dir))
 

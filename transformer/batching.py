@@ -24,7 +24,8 @@ import pyarrow as pa
 import torch
 from torch import Tensor
 
-from transformer.corpus import Corpus, open_arrow, write_arrow, write_json
+from transformer.arrow_files import open_arrow, write_arrow, write_json
+from transformer.corpus import Corpus
 from transformer.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
