@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from marian_peer import build_marian, marian_logits  # noqa: E402
 from transformer import checkpoint  # noqa: E402
-from transformer.batching import collate, encode_corpus, make_batches  # noqa: E402
+from transformer.batching import collate, encode_corpus, make_batches, source_tensor  # noqa: E402
 from transformer.config import Config, load  # noqa: E402
 from transformer.corpus import load_split  # noqa: E402
 from transformer.evaluate import score  # noqa: E402
@@ -36,7 +36,7 @@ from transformer.loss import label_smoothed_nll  # noqa: E402
 from transformer.schedule import learning_rate  # noqa: E402
 from transformer.tokenizer import train_tokenizer  # noqa: E402
 from transformer.train import Trainer  # noqa: E402
-from transformer.translator import Translator, padded_tensor  # noqa: E402
+from transformer.translator import Translator  # noqa: E402
 
 
 # The peer's recipe as measured on this machine (issue 4): peak 5e-4 after 200 linear warm-up steps.
@@ -94,13 +94,13 @@ def train_marian(cfg: Config, minutes: float):
 def evaluate_marian(peer, tok, src: list[str], refs: list[str], beam: int, tgt_lang: str) -> tuple[float, float, float]:
     """(BLEU, chrF, seconds) of the peer with transformers' ``generate``, batches of 64 sentences sorted by length."""
     start = time.perf_counter()
-    ids = [tok.encode(s) + [tok.end_id] for s in src]
+    ids = [tok.encode(s) for s in src]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     hyps = [""] * len(ids)
     with torch.inference_mode():
         for k in range(0, len(order), 64):
             rows = order[k:k + 64]
-            x = padded_tensor([ids[i] for i in rows], tok.pad_id)
+            x = source_tensor([ids[i] for i in rows], tok)
             out = peer.generate(input_ids=x, attention_mask=(x != tok.pad_id).long(), num_beams=beam,
                                 max_new_tokens=x.size(1) + 50, do_sample=False)
             for r, i in enumerate(rows):

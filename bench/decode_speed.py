@@ -32,10 +32,11 @@ import torch
 from common import OMP_DEFAULTED, interleave, paired_ratio
 from marian_peer import build_marian, copy_tfm_weights
 from transformer import checkpoint
+from transformer.batching import source_tensor
 from transformer.evaluate import score
 from transformer.export import export
 from transformer.search import max_output_lengths
-from transformer.translator import Translator, padded_tensor
+from transformer.translator import Translator
 
 Decoder = Callable[[list[str], int], list[str]]
 
@@ -73,7 +74,7 @@ def marian_decoder(loaded: checkpoint.Loaded, length_penalty: float, device: str
     def run(lines: list[str], beam: int) -> list[str]:
         ids = tok.encode_batch(lines)
         limits = _limits(ids, d.max_len_a, d.max_len_b)
-        src = padded_tensor([x + [tok.end_id] for x in ids], tok.pad_id).to(device)
+        src = source_tensor(ids, tok).to(device)
         stop = {"early_stopping": True, "length_penalty": length_penalty} if beam > 1 else {}
         with torch.inference_mode():
             out = peer.generate(input_ids=src, attention_mask=(src != tok.pad_id).long(), num_beams=beam,

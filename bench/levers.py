@@ -29,13 +29,12 @@ from common import ROOT, interleave, median, paired_ratio
 from decode_speed import tfm_decoder
 from train_speed import model_factory, optimizer, own_processes, tfm_step
 from transformer import checkpoint
-from transformer.batching import Batch
+from transformer.batching import Batch, source_tensor
 from transformer.config import Config
 from transformer.decoder_state import BufferPool, DecoderState
 from transformer.model import Dropout
 from transformer.search import beam_search, greedy_search
 from transformer.tokenizer import Tokenizer
-from transformer.translator import padded_tensor
 
 
 @contextlib.contextmanager
@@ -212,9 +211,9 @@ def _keep_finished_greedy(model: nn.Module, src: Tensor, start_id: int, end_id: 
 def decoding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[dict[str, Any]]:
     """Search over the test set's sentences in batches of 32, one lever toggled at a time."""
     tok, model = loaded.tokenizer, loaded.model.eval()
-    ids = [x + [tok.end_id] for x in tok.encode_batch(lines)]
+    ids = tok.encode_batch(lines)
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    sorted_batches = [padded_tensor([ids[i] for i in order[k:k + 32]], tok.pad_id) for k in range(0, len(ids), 32)]
+    sorted_batches = [source_tensor([ids[i] for i in order[k:k + 32]], tok) for k in range(0, len(ids), 32)]
     chunks = [ids[k:k + 128] for k in range(0, len(ids), 128)][:rounds]  # the sorting lever: 128 lines a round
     step = max(len(sorted_batches) // rounds, 1)
     picks = list(range(0, len(sorted_batches), step))[:rounds]  # spread over short and long sentences
@@ -230,7 +229,7 @@ def decoding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[d
         with patched(search_module, "row_topk", lambda x, m: x.topk(m, dim=1)):
             return beam(r)
 
-    wide = [padded_tensor([ids[i] for i in order[k:k + 256]], tok.pad_id) for k in range(0, len(ids), 256)]
+    wide = [source_tensor([ids[i] for i in order[k:k + 256]], tok) for k in range(0, len(ids), 256)]
 
     def greedy_wide(r: int) -> list[list[int]]:
         """256 sentences a batch, about what tfm translate's default 4,096-token batches hold."""
@@ -268,7 +267,7 @@ def decoding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[d
 
     def chunk_batches(r: int, sort: bool) -> list[Tensor]:
         chunk = sorted(chunks[r], key=len) if sort else chunks[r]
-        return [padded_tensor(chunk[k:k + 32], tok.pad_id) for k in range(0, len(chunk), 32)]
+        return [source_tensor(chunk[k:k + 32], tok) for k in range(0, len(chunk), 32)]
 
     def by_chunk(sort: bool) -> Callable[[int], list[list[int]]]:
         return lambda r: sorted(h.tokens for b in chunk_batches(r, sort) for h in greedy_search(model, b, s, e))

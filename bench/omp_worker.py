@@ -20,11 +20,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from transformer import checkpoint  # noqa: E402
-from transformer.batching import collate, encode_corpus, make_batches  # noqa: E402
+from transformer.batching import collate, encode_corpus, make_batches, source_tensor  # noqa: E402
 from transformer.corpus import load_split  # noqa: E402
 from transformer.loss import label_smoothed_nll  # noqa: E402
 from transformer.search import beam_search  # noqa: E402
-from transformer.translator import padded_tensor  # noqa: E402
 
 SENTENCES = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "Eine Frau liest ein Buch im Park.",
              "Kinder spielen Fußball auf einer Wiese."] * 8
@@ -33,8 +32,7 @@ SENTENCES = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "Eine 
 def main(ckpt: str, data: str) -> None:
     loaded = checkpoint.load(ckpt)
     tok, model = loaded.tokenizer, loaded.model
-    ids = [tok.encode(s) + [tok.end_id] for s in SENTENCES]
-    src = padded_tensor(ids, tok.pad_id)
+    src = source_tensor([tok.encode(s) for s in SENTENCES], tok)
     beam_search(model, src[:2], tok.start_id, tok.end_id, beam=5)  # warm-up
     start = time.perf_counter()
     beam_search(model, src, tok.start_id, tok.end_id, beam=5)

@@ -1,18 +1,20 @@
-"""Encoding cache, token-sized batches (budget, padding, determinism) and the teacher-forcing layout."""
+"""Encoding cache, token-sized batches (budget, padding, determinism), the one source layout
+(x + <END>, right-padded) and the teacher-forcing layout."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from transformer.batching import Batch, EncodedCorpus, collate, encode_corpus, make_batches, padded_sizes, padding_fraction
+from transformer.batching import (
+    Batch, EncodedCorpus, collate, encode_corpus, make_batches, padded_sizes, padding_fraction, sorted_batches, source_tensor,
+)
 from transformer.corpus import Corpus
 from transformer.tokenizer import Tokenizer
 
@@ -21,11 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def m30k_encoded(multi30k_train: Corpus, multi30k_tokenizer: Tokenizer, tmp_path_factory: pytest.TempPathFactory) -> EncodedCorpus:
-    cache = tmp_path_factory.mktemp("ids")
-    start = time.perf_counter()
-    enc = encode_corpus(multi30k_train, multi30k_tokenizer, 100, cache)
-    print(f"\nencoded {len(multi30k_train):,} Multi30k pairs in {time.perf_counter() - start:.2f} s")
-    return enc
+    return encode_corpus(multi30k_train, multi30k_tokenizer, 100, tmp_path_factory.mktemp("ids"))
 
 
 def small_corpus(pairs: list[tuple[str, str]]) -> Corpus:
@@ -49,11 +47,14 @@ def test_encoding_is_cached_per_tokenizer(
     assert sample_tokenizer.decode(src) == multi30k_train.src[7] and sample_tokenizer.decode(tgt) == multi30k_train.tgt[7]
 
 
-def test_padding_below_ten_percent_at_4096_tokens(m30k_encoded: EncodedCorpus) -> None:
+def test_grouping_by_length_keeps_padding_low(m30k_encoded: EncodedCorpus) -> None:
+    """Below a tenth of the cells, and a small share of what batches of random pairs would pad."""
     batches = make_batches(m30k_encoded, 4096, seed=1, epoch=0)
     fraction = padding_fraction(m30k_encoded, batches)
-    print(f"\nMulti30k train, 4,096-token batches: {len(batches)} batches, padding {fraction:.1%}")
-    assert fraction < 0.10
+    shuffled = np.random.default_rng(0).permutation(len(m30k_encoded))
+    cuts = np.cumsum([0] + [len(b) for b in batches])
+    random = [shuffled[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
+    assert fraction < 0.10 and fraction < padding_fraction(m30k_encoded, random) / 4
 
 
 @pytest.mark.parametrize("pad_multiple", [1, 8])
@@ -104,6 +105,35 @@ def test_collate_builds_teacher_forcing_inputs(sample_tokenizer: Tokenizer, tmp_
     assert Batch(b.src, b.tgt_in, b.tgt_out).n_tokens == b.n_tokens
 
 
+def test_source_tensor_is_ids_then_end_then_padding(sample_tokenizer: Tokenizer) -> None:
+    t = sample_tokenizer
+    ids = [[5, 6, 7], [8], [9, 10]]
+    src = source_tensor(ids, t)
+    assert src.dtype == torch.long and src.tolist() == [[5, 6, 7, t.end_id], [8, t.end_id, t.pad_id, t.pad_id],
+                                                        [9, 10, t.end_id, t.pad_id]]
+    arrays = [np.array(x, dtype=np.uint16) for x in ids]
+    assert torch.equal(source_tensor(arrays, t), src)
+    assert source_tensor(ids, t, pad_multiple=8).tolist() == [row + [t.pad_id] * 4 for row in src.tolist()]
+
+
+def test_collate_source_is_the_source_tensor_of_its_pairs(m30k_encoded: EncodedCorpus, multi30k_tokenizer: Tokenizer) -> None:
+    batch = make_batches(m30k_encoded, 2000, seed=1, epoch=0)[0]
+    for pad_multiple in (1, 8):
+        ids = [m30k_encoded.pair(i)[0] for i in batch]
+        expected = source_tensor(ids, multi30k_tokenizer, pad_multiple)
+        assert torch.equal(collate(m30k_encoded, batch, multi30k_tokenizer, pad_multiple).src, expected)
+
+
+def test_sorted_batches_keep_every_line_within_the_budget() -> None:
+    lengths = [3, 0, 7, 1, 3, 30, 2, 0, 5]
+    batches = list(sorted_batches(lengths, 12))
+    assert sorted(i for b in batches for i in b) == [i for i, n in enumerate(lengths) if n]
+    assert [lengths[i] for b in batches for i in b] == sorted(n for n in lengths if n)
+    for b in batches:
+        assert len(b) == 1 or len(b) * (max(lengths[i] for i in b) + 1) <= 12
+    assert [5] in batches  # alone over the budget, yet translated
+
+
 def test_rows_map_encoded_pairs_back_to_the_corpus(sample_tokenizer: Tokenizer, tmp_path: Path) -> None:
     corpus = small_corpus([("a", "b"), (" ".join(["Haus"] * 50), "c"), ("Der Hund.", "The dog.")])
     enc = encode_corpus(corpus, sample_tokenizer, 20, tmp_path)
@@ -116,7 +146,7 @@ def test_two_million_pairs_stay_far_below_their_python_size(tmp_path: Path) -> N
     """Prepare a generated 2M-pair corpus end to end in a fresh process and report its peak RSS."""
     script = textwrap.dedent(
         f"""
-        import random, resource, sys, time
+        import random, resource, sys
         from pathlib import Path
         import datasets
         from transformer.config import DataConfig, TokenizerConfig
@@ -132,7 +162,6 @@ def test_two_million_pairs_stay_far_below_their_python_size(tmp_path: Path) -> N
                 de.write(" ".join(rng.choices(words, k=rng.randint(3, 14))) + "\\n")
                 en.write(" ".join(rng.choices(words, k=rng.randint(3, 14))) + "\\n")
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        start = time.time()
         corpus = load_split(DataConfig(format="text", path=str(tmp)), "train")
         tok = train_tokenizer(TokenizerConfig(vocab_size=4000, train_sample=100_000), corpus)
         enc = encode_corpus(corpus, tok, 100, tmp / "ids")
@@ -145,14 +174,14 @@ def test_two_million_pairs_stay_far_below_their_python_size(tmp_path: Path) -> N
         sample = [corpus.src[i] for i in range(0, len(corpus), 1000)] + [corpus.tgt[i] for i in range(0, len(corpus), 1000)]
         ids = [tok.encode(s) for s in sample]
         per_pair = 2 * (sum(map(sys.getsizeof, sample)) + sum(sys.getsizeof(x) + 28 * len(x) for x in ids)) / len(sample)
-        print(len(corpus), len(enc), len(batches), base, peak, anon, mapped, int(per_pair * len(corpus)) // 1024, round(time.time() - start))
+        print(len(corpus), len(enc), len(batches), base, peak, anon, mapped, int(per_pair * len(corpus)) // 1024)
         """
     )
     out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, check=True)
-    n, kept, n_batches, *kib, seconds = map(int, out.stdout.split())
+    n, kept, n_batches, *kib = map(int, out.stdout.split())
     base, peak, anon, mapped, python = (k / 1024 for k in kib)
     print(
-        f"\n{n:,} pairs -> {n_batches:,} batches in {seconds} s; peak RSS {peak:,.0f} MiB, {base:,.0f} MiB of it imports; "
+        f"\n{n:,} pairs -> {n_batches:,} batches; peak RSS {peak:,.0f} MiB, {base:,.0f} MiB of it imports; "
         f"at the end {anon:,.0f} MiB anonymous + {mapped:,.0f} MiB file-backed (memory-mapped Arrow, libraries); "
         f"the same corpus as Python strings and id lists: {python:,.0f} MiB"
     )

@@ -3,9 +3,10 @@
 ``encode_corpus`` encodes a corpus once, in batches, into an Arrow file keyed by the corpus,
 the tokenizer fingerprint and ``max_len``; later runs memory-map it. ``make_batches`` groups
 pairs of similar length so that a batch's padded size fits the token budget, from length arrays
-alone. ``collate`` builds the tensors and is the only place that adds special tokens in
-training: ``src = x + <END>`` (as the Translator feeds it), ``tgt_in = <START> + y`` and
-``tgt_out = y + <END>``.
+alone; ``sorted_batches`` does the same for translation, where no line may be dropped.
+``source_tensor`` is the one place a source becomes the model's input, ``x + <END>`` right-padded,
+for training (``collate``), translation and the attention pictures; ``collate`` adds the target's
+``tgt_in = <START> + y`` and ``tgt_out = y + <END>``.
 """
 
 from __future__ import annotations
@@ -74,12 +75,15 @@ class _Ids:
         self.starts = np.cumsum([0] + [len(c) for c in column.chunks])
         self.lengths = np.concatenate([np.diff(o).astype(np.int32) for o in self.offsets] or [np.zeros(0, np.int32)])
 
-    def gather(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The ids of rows ``idx`` concatenated, and their lengths (both int64)."""
+    def runs(self, idx: np.ndarray) -> list[np.ndarray]:
+        """The ids of each row in ``idx``, as views of the mapped chunks."""
         chunk = np.searchsorted(self.starts, idx, side="right") - 1
         local = idx - self.starts[chunk]
-        runs = [self.values[c][self.offsets[c][r] : self.offsets[c][r + 1]] for c, r in zip(chunk.tolist(), local.tolist())]
-        return np.concatenate(runs).astype(np.int64), self.lengths[idx].astype(np.int64)
+        return [self.values[c][self.offsets[c][r] : self.offsets[c][r + 1]] for c, r in zip(chunk.tolist(), local.tolist())]
+
+    def gather(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The ids of rows ``idx`` concatenated, and their lengths (both int64)."""
+        return np.concatenate(self.runs(idx)).astype(np.int64), self.lengths[idx].astype(np.int64)
 
 
 class EncodedCorpus:
@@ -216,6 +220,24 @@ def make_batches(
     return Batches(order, cuts, sequence, dropped)
 
 
+def sorted_batches(lengths: Sequence[int], batch_tokens: int) -> Iterator[list[int]]:
+    """Indices of the non-empty sources (``lengths`` without <END>), shortest first, cut so that each
+    batch's ``n x longest`` (with <END>) stays within ``batch_tokens``.
+
+    For translation: a source that alone exceeds the budget gets a batch of its own, since every
+    line must be answered.
+    """
+    order = sorted((i for i, n in enumerate(lengths) if n), key=lambda i: lengths[i])
+    batch: list[int] = []
+    for i in order:
+        if batch and (len(batch) + 1) * (lengths[i] + 1) > batch_tokens:
+            yield batch
+            batch = []
+        batch.append(i)
+    if batch:
+        yield batch
+
+
 def _cut(sizes: np.ndarray, budget: int) -> np.ndarray:
     """Greedy boundaries over non-decreasing ``sizes`` so that each run's count x last size <= budget."""
     cuts, p, n = [0], 0, len(sizes)
@@ -248,17 +270,25 @@ def _padded(values: np.ndarray, lengths: np.ndarray, width: int, pad: int, offse
     return out
 
 
+def source_tensor(ids: Sequence[Sequence[int]], tokenizer: Tokenizer, pad_multiple: int = 1) -> Tensor:
+    """The model's ``[B, S]`` long source: row i is ``ids[i] + <END>``, then <PAD> up to the longest
+    row rounded up to ``pad_multiple``."""
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    values = np.concatenate(ids).astype(np.int64, copy=False)
+    src = _padded(values, lengths, int(_round_up(lengths.max() + 1, pad_multiple)), tokenizer.pad_id)
+    src[np.arange(len(lengths)), lengths] = tokenizer.end_id
+    return torch.from_numpy(src)
+
+
 def collate(data: EncodedCorpus, indices: Sequence[int], tokenizer: Tokenizer, pad_multiple: int = 1) -> Batch:
     """The batch of pairs ``indices``: source + <END>, <START> + target, target + <END>, right-padded."""
     idx = np.asarray(indices, dtype=np.int64)
-    src_values, src_len = data.src.gather(idx)
+    src = source_tensor(data.src.runs(idx), tokenizer, pad_multiple)
     tgt_values, tgt_len = data.tgt.gather(idx)
     pad = tokenizer.pad_id
-    src = _padded(src_values, src_len, int(_round_up(src_len.max() + 1, pad_multiple)), pad)
-    src[np.arange(len(src_len)), src_len] = tokenizer.end_id
     width = int(_round_up(tgt_len.max() + 1, pad_multiple))
     tgt_in = _padded(tgt_values, tgt_len, width, pad, offset=1)
     tgt_in[:, 0] = tokenizer.start_id
     tgt_out = _padded(tgt_values, tgt_len, width, pad)
     tgt_out[np.arange(len(tgt_len)), tgt_len] = tokenizer.end_id
-    return Batch(torch.from_numpy(src), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out), int(tgt_len.sum()) + len(tgt_len))
+    return Batch(src, torch.from_numpy(tgt_in), torch.from_numpy(tgt_out), int(tgt_len.sum()) + len(tgt_len))

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from transformer.batching import source_tensor
 from transformer.errors import PlotError
 from transformer.model import Transformer
 from transformer.search import greedy_search
@@ -131,13 +132,12 @@ def attention_maps(model: Transformer, tokenizer: Tokenizer, sentence: str, kind
     if not ids:
         raise PlotError("the sentence is empty; give a sentence to translate")
     device = next(model.parameters()).device
-    src_ids = ids + [tokenizer.end_id]
-    src = torch.tensor([src_ids], device=device)
+    src = source_tensor([ids], tokenizer).to(device)
     hyp = greedy_search(model, src, tokenizer.start_id, tokenizer.end_id, max_len_a, max_len_b)[0]
     tgt_in = torch.tensor([[tokenizer.start_id, *hyp.tokens]], device=device)
     model.eval()
     weights = model.attention_weights(src, tgt_in)[kind][layer][0].float().cpu()
-    src_tokens = _names(tokenizer, src_ids)
+    src_tokens = _names(tokenizer, src[0].tolist())
     produced = _names(tokenizer, [*hyp.tokens, tokenizer.end_id])
     inputs = _names(tokenizer, tgt_in[0].tolist())
     rows, cols = {"cross": (produced, src_tokens), "encoder": (src_tokens, src_tokens),

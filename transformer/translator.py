@@ -16,6 +16,7 @@ from typing import Iterable, Iterator
 
 import torch
 
+from transformer.batching import sorted_batches, source_tensor
 from transformer.errors import TranslateError
 from transformer.config import DecodeConfig
 from transformer.device import DTYPES, autocast
@@ -38,14 +39,6 @@ def clean_line(line: str) -> str:
     line = _SURROGATES.sub("\ufffd", line.replace("\ufeff", ""))
     line = "".join(" " if unicodedata.category(ch) == "Cc" else ch for ch in line)
     return _SPACES.sub(" ", line).strip()
-
-
-def padded_tensor(ids: list[list[int]], pad_id: int) -> torch.Tensor:
-    """Token id lists as one right-padded [len(ids), longest] long tensor, as the search takes its source."""
-    src = torch.full((len(ids), max(map(len, ids))), pad_id, dtype=torch.long)
-    for row, seq in enumerate(ids):
-        src[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-    return src
 
 
 @dataclass
@@ -75,7 +68,7 @@ class Translator:
         self.warn = lambda msg: print(f"warning: {msg}", file=sys.stderr)
 
     def _ids(self, lines: list[str], first_line_no: int) -> list[list[int]]:
-        """Token ids per line (plus <END>), truncated or refused when longer than the model's positions."""
+        """Token ids per line, truncated or refused when they and <END> exceed the model's positions."""
         ids = self.tokenizer.encode_batch(lines) if lines else []
         limit = self.max_positions - 1
         for i, seq in enumerate(ids):
@@ -85,20 +78,7 @@ class Translator:
                     raise TranslateError(f"{where}; shorten it or set decode.too_long=truncate")
                 self.warn(f"{where}; truncated to {limit}")
                 ids[i] = seq[:limit]
-        return [seq + [self.tokenizer.end_id] for seq in ids]
-
-    def _batches(self, ids: list[list[int]]) -> Iterator[list[int]]:
-        """Indices of non-empty lines grouped by length, each batch within decode.batch_tokens."""
-        order = sorted((i for i, s in enumerate(ids) if len(s) > 1), key=lambda i: len(ids[i]))
-        batch: list[int] = []
-        for i in order:
-            longest = len(ids[i])
-            if batch and (len(batch) + 1) * longest > self.decode.batch_tokens:
-                yield batch
-                batch = []
-            batch.append(i)
-        if batch:
-            yield batch
+        return ids
 
     def _search(self, src: torch.Tensor, beam: int, nbest: int) -> list[list[Hypothesis]]:
         t = self.tokenizer
@@ -119,8 +99,8 @@ class Translator:
         cleaned = [clean_line(line) for line in lines]
         ids = self._ids(cleaned, first_line_no)
         out = [Translation([], []) for _ in lines]
-        for batch in self._batches(ids):
-            src = padded_tensor([ids[i] for i in batch], self.tokenizer.pad_id)
+        for batch in sorted_batches([len(seq) for seq in ids], self.decode.batch_tokens):
+            src = source_tensor([ids[i] for i in batch], self.tokenizer)
             hyps = self._search(src.to(self.device), beam, nbest)
             texts = self.tokenizer.decode_batch([h.tokens for hs in hyps for h in hs])
             k = 0
