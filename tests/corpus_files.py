@@ -1,5 +1,5 @@
 """Helpers for the data-side tests: corpus files written into a test's folder, a corpus's pairs,
-one-line errors, and the shipped Tatoeba configs pointed at a corpus file."""
+one-line errors, the shipped Tatoeba configs pointed at a corpus file, and Chinese test sentences."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from tiny import ROOT
 from transformer import config
 from transformer.corpus import Corpus
 
+TRADITIONAL_EMOJI = ["我們明天去公園。", "我们明天去公园。🌳😀", "👨‍👩‍👧 喜歡 🍜！", "𠀀𪚥𠮷"]
 PAIRS = [("Ein Mann fährt Fahrrad.", "A man rides a bike."), ("Der Hund läuft.", "The dog runs."), ("Grün.", "Green.")]
 
 
@@ -40,3 +41,8 @@ def one_line_error(excinfo: pytest.ExceptionInfo) -> str:
 def tatoeba_config(direction: str, path: Path, *overrides: str) -> config.Config:
     """configs/tatoeba-<direction>.yaml reading the corpus at ``path``."""
     return config.load(ROOT / "configs" / f"tatoeba-{direction}.yaml", [f"data.path={path}", *overrides])
+
+
+def has_cjk(text: str) -> bool:
+    """Whether ``text`` holds a CJK ideograph (basic, extension A, compatibility or a supplementary plane)."""
+    return any("\u3400" <= ch <= "\u9fff" or "\uf900" <= ch <= "\ufaff" or ch >= "\U00020000" for ch in text)

@@ -2,12 +2,22 @@
 
 import json
 import os
+import shlex
 import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
+from corpus_files import TRADITIONAL_EMOJI, has_cjk
 from tiny import ROOT, SAMPLE
+from transformer import checkpoint, config
+from transformer.config import DataConfig
+from transformer.corpus import load_split
+from transformer.train import Trainer
+from transformer.translator import Translator
 
 QUICK = ["--set", "train.max_steps=30", "--set", "train.eval_every=30", "--set", "train.save_every=30"]
 
@@ -113,3 +123,86 @@ def test_configs_lists_the_shipped_configs_and_train_takes_one_by_name(tmp_path)
             "--set", "train.max_steps=1", "--set", "train.eval_every=1", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "quickstart" / "best").is_dir()
+
+
+# ---- English <-> Chinese: a language without spaces, trained, translated and scored from the shell ----
+
+PARK = ("We will go to the park tomorrow.", "我们明天去公园。")
+
+
+@pytest.fixture(scope="module")
+def chinese_pairs(tatoeba: Path) -> list[tuple[str, str]]:
+    """31 seeded Tatoeba cmn-eng pairs of up to 12 Chinese characters, plus the README's example."""
+    cfg = DataConfig(format="tsv", path=str(tatoeba), tsv_columns=["en", "zh"], src_lang="en", tgt_lang="zh")
+    corpus = load_split(cfg, "train")
+    short = [i for i in range(len(corpus)) if len(corpus.tgt[i]) <= 12]
+    rows = np.random.default_rng(0).choice(short, size=31, replace=False).tolist()
+    return [(corpus.src[i], corpus.tgt[i]) for i in rows] + [PARK]
+
+
+def train_tiny(folder: Path, pairs: list[tuple[str, str]], src: str, tgt: str) -> Path:
+    """Overfit a 1-layer model on ``pairs`` (English first in the TSV) and return its best checkpoint."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "valid"):
+        (folder / f"{split}.tsv").write_text("".join(f"{e}\t{z}\n" for e, z in pairs), encoding="utf-8")
+    steps = 80
+    cfg = config.from_dict({
+        "name": f"{src}-{tgt}", "run_dir": str(folder / "runs"), "device": "cpu",
+        "model": {"N": 1, "d_model": 64, "d_ff": 128, "h": 2, "dropout": 0.0, "max_positions": 128},
+        "data": {"format": "tsv", "path": str(folder), "tsv_columns": ["en", "zh"], "src_lang": src, "tgt_lang": tgt,
+                 "valid_split": "valid", "test_split": "valid"},
+        "tokenizer": {"vocab_size": 1000},
+        "train": {"batch_tokens": 4000, "label_smoothing": 0.0, "peak_lr": 0.01, "warmup": 10, "max_steps": steps,
+                  "eval_every": steps, "save_every": steps, "eval_sentences": len(pairs), "keep_last": 1},
+        "decode": {"beam": 1},
+    })
+    Trainer(cfg, quiet=True, log=lambda m: None).run()
+    return cfg.out_dir / "best"
+
+
+@pytest.fixture(scope="module")
+def en_zh_model(tmp_path_factory: pytest.TempPathFactory, chinese_pairs: list[tuple[str, str]]) -> Path:
+    return train_tiny(tmp_path_factory.mktemp("en-zh"), chinese_pairs, "en", "zh")
+
+
+@pytest.fixture(scope="module")
+def zh_en_model(tmp_path_factory: pytest.TempPathFactory, chinese_pairs: list[tuple[str, str]]) -> Path:
+    return train_tiny(tmp_path_factory.mktemp("zh-en"), chinese_pairs, "zh", "en")
+
+
+def test_tiny_en_zh_model_reproduces_32_pairs_exactly(en_zh_model: Path, chinese_pairs: list[tuple[str, str]]) -> None:
+    loaded = checkpoint.load(en_zh_model)
+    translator = Translator(loaded.model, loaded.tokenizer, loaded.cfg.decode, 128, torch.device("cpu"))
+    out = [t.best for t in translator.translate([e for e, _ in chinese_pairs], beam=1)]
+    assert [(e, z, o) for (e, z), o in zip(chinese_pairs, out) if z != o] == []
+
+
+def shell(command: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` in bash, where ``tfm`` is this checkout's CLI (on one thread: the models are tiny)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    script = f"tfm() {{ {shlex.quote(sys.executable)} -m cli \"$@\"; }}\n{command}"
+    return subprocess.run(["bash", "-c", script], input=stdin, env=env, capture_output=True,
+                          encoding="utf-8", timeout=300)
+
+
+def test_translate_from_the_shell_and_stdin(en_zh_model: Path, zh_en_model: Path) -> None:
+    zh_en, en_zh = shlex.quote(str(zh_en_model)), shlex.quote(str(en_zh_model))
+    r = shell(f'tfm translate "{PARK[1]}" --checkpoint {zh_en} --greedy')
+    assert r.returncode == 0 and r.stdout == PARK[0] + "\n", r.stderr
+    r = shell(f'tfm translate "{PARK[0]}" --checkpoint {en_zh} --greedy')
+    assert r.returncode == 0 and r.stdout == PARK[1] + "\n", r.stderr
+    lines = [PARK[1], *TRADITIONAL_EMOJI]
+    r = shell(f"tfm translate --checkpoint {zh_en}", stdin="".join(f"{x}\n" for x in lines))
+    out = r.stdout.split("\n")
+    assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+    assert len(out) == len(lines) + 1 and out[0] == PARK[0] and all(out[:-1])
+    r = shell(f"printf '%s\\n' {shlex.quote(PARK[0] + ' 🌳')} | tfm translate --checkpoint {en_zh}")
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 1 and has_cjk(r.stdout), r.stderr
+
+
+def test_eval_prints_the_bleu_signature_of_the_target_language(en_zh_model: Path, zh_en_model: Path) -> None:
+    r = shell(f"tfm eval --checkpoint {shlex.quote(str(en_zh_model))} --beam 1")
+    assert r.returncode == 0, r.stderr
+    assert "BLEU = 100.00" in r.stdout and "tok:zh" in r.stdout and "chrF = 100.00" in r.stdout
+    r = shell(f"tfm eval --checkpoint {shlex.quote(str(zh_en_model))} --beam 1")
+    assert r.returncode == 0 and "tok:13a" in r.stdout, r.stderr

@@ -180,3 +180,10 @@ def test_an_unreadable_config_is_one_line(tmp_path):
     folder.mkdir()
     with pytest.raises(ConfigError, match="not found"):
         config.load(folder)
+
+
+@pytest.mark.parametrize("columns", [["en", "de"], ["en", "zh", "en"]])
+def test_tsv_columns_are_validated(columns: list[str]) -> None:
+    data = {"format": "tsv", "src_lang": "en", "tgt_lang": "zh", "tsv_columns": columns}
+    with pytest.raises(ConfigError, match="data.tsv_columns"):
+        config.from_dict({"data": data})

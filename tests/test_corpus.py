@@ -10,14 +10,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from corpus_files import as_pairs, one_line_error, tatoeba_config, text_dir, write_lines
+from corpus_files import as_pairs, has_cjk, one_line_error, tatoeba_config, text_dir, write_lines
 from transformer.config import DataConfig
 from transformer.corpus import ArrowColumn, load_split
 from transformer.errors import DataError
-
-
-def _cjk(text: str) -> bool:
-    return any("\u4e00" <= ch <= "\u9fff" for ch in text)
 
 
 def test_sample_corpus_ships_with_the_project(sample_cfg: DataConfig) -> None:
@@ -40,7 +36,7 @@ def test_tatoeba_tsv_holdout_is_seeded_and_disjoint(tatoeba: Path) -> None:
     assert not (set(as_pairs(valid)) & set(as_pairs(test))) and not (set(as_pairs(valid)) & set(as_pairs(train)))
     assert as_pairs(load_split(cfg, cfg.valid_split)) == as_pairs(valid)
     assert as_pairs(load_split(replace(cfg, split_seed=4), cfg.valid_split)) != as_pairs(valid)
-    assert _cjk(valid.tgt[0]) and valid.name == "tsv:val"
+    assert has_cjk(valid.tgt[0]) and valid.name == "tsv:val"
 
 
 def test_seeded_split_is_reproducible_and_both_directions_share_it(tatoeba: Path) -> None:
@@ -54,7 +50,7 @@ def test_seeded_split_is_reproducible_and_both_directions_share_it(tatoeba: Path
         assert a[s].split_record == b[s].split_record == a["train"].split_record
     again = load_split(en_zh, "test")
     assert list(again.src) == list(a["test"].src) and again.split_record == a["test"].split_record
-    assert _cjk(a["test"].tgt[0]) and not _cjk(a["test"].src[0])
+    assert has_cjk(a["test"].tgt[0]) and not has_cjk(a["test"].src[0])
     record = a["train"].split_record
     assert record["pairs"] == 21_116 and record["split_seed"] == 1
     assert record["sizes"] == {"train": 19_116, "valid": 1_000, "test": 1_000}

@@ -1,8 +1,11 @@
 """Scores: sacrebleu's corpus BLEU and chrF with signatures; the tokenizer follows the target language."""
 
+from pathlib import Path
+
 import pytest
 import sacrebleu
 
+from corpus_files import tatoeba_config
 from transformer.errors import EvalError
 from transformer.evaluate import bleu_tokenizer, score
 
@@ -16,13 +19,23 @@ def test_same_as_sacrebleu_and_signature_printed():
     assert "tok:13a" in s.bleu_signature and s.sentences == 2
 
 
-def test_tokenizer_follows_target_language():
-    assert bleu_tokenizer("zh") == "zh"
-    assert bleu_tokenizer("en") == "13a"
-    assert bleu_tokenizer("zh", "char") == "char"
-    assert "tok:zh" in score(["我们明天去公园。"], ["我们明天去公园。"], "zh").bleu_signature
-
-
 def test_line_count_mismatch_refused():
     with pytest.raises(EvalError, match="2 hypotheses but 3 references"):
         score(["a", "b"], ["a", "b", "c"], "en")
+
+
+def test_bleu_tokenizer_follows_the_target_language() -> None:
+    assert [bleu_tokenizer(lang) for lang in ("zh", "cmn", "zh-TW", "en", "de")] == ["zh", "zh", "zh", "13a", "13a"]
+    assert bleu_tokenizer("zh", "char") == "char"
+    hyp, ref = ["我们明天去公园玩。"], ["我们明天去公园。"]
+    zh = score(hyp, ref, "zh")
+    assert "tok:zh" in zh.bleu_signature and "nc:6" in zh.chrf_signature
+    assert 0 < zh.bleu < 100 and zh.chrf > 0
+    assert score(hyp, ref, "en").bleu == 0.0  # 13a sees one unspaced "word": no credit at all
+    assert "tok:13a" in score(["We go."], ["We go."], "en").bleu_signature
+
+
+def test_tatoeba_configs_score_by_their_target_language(tatoeba: Path) -> None:
+    for direction, tok in (("en-zh", "zh"), ("zh-en", "13a")):
+        cfg = tatoeba_config(direction, tatoeba)
+        assert bleu_tokenizer(cfg.data.tgt_lang, cfg.decode.bleu_tokenize) == tok

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
-import os
 import unicodedata
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from corpus_files import TRADITIONAL_EMOJI, has_cjk, tatoeba_config
 from transformer.config import DataConfig, TokenizerConfig
 from transformer.corpus import Corpus, load_split
 from transformer.errors import ConfigError, DataError
 from transformer.tokenizer import Tokenizer, train_tokenizer
+
+MIXED = ["所有人，都请说 cheese 。", "我有3个iPhone手机，你呢？", "Tom 最喜欢我。",
+         "我叫 Mary Smith，今年 25 岁。", "他是一个 DJ 。", "“看啊！” 她说道。"]
+FULL_WIDTH = "（你好）！？：；，。、「」『』《》“”‘’…—～％＃＠１２３ＡＢＣ"
 
 
 def stated_normalisation(s: str) -> str:
@@ -55,11 +60,8 @@ def test_chinese_decodes_without_spaces(sample_tokenizer: Tokenizer) -> None:
         assert sample_tokenizer.decode(sample_tokenizer.encode(s)) == s
 
 
-def test_tatoeba_tokenizer_round_trip() -> None:
-    path = Path(os.environ["TFM_MULTI30K"]).parent / "tatoeba-cmn-eng" / "cmn-eng.tsv.gz"
-    if not path.is_file():
-        pytest.skip(f"{path} not found")
-    cfg = DataConfig(format="tsv", path=str(path), src_lang="en", tgt_lang="zh", holdout=[200, 200])
+def test_tatoeba_tokenizer_round_trip(tatoeba: Path) -> None:
+    cfg = DataConfig(format="tsv", path=str(tatoeba), src_lang="en", tgt_lang="zh", holdout=[200, 200])
     t = train_tokenizer(TokenizerConfig(vocab_size=4000), load_split(cfg, cfg.train_split))
     valid = load_split(cfg, cfg.valid_split)
     texts = [*valid.src, *valid.tgt]
@@ -106,3 +108,60 @@ def test_training_is_deterministic_and_sampled(sample_cfg: DataConfig) -> None:
     assert a.fingerprint() != train_tokenizer(TokenizerConfig(vocab_size=700), train).fingerprint()
     with pytest.raises(ConfigError, match="joint"):
         train_tokenizer(TokenizerConfig(joint=False), train)
+
+
+@pytest.fixture(scope="module")
+def chinese(tatoeba: Path) -> list[str]:
+    """Every Chinese sentence of Tatoeba cmn-eng, held-out pairs included."""
+    cfg = DataConfig(format="tsv", path=str(tatoeba), tsv_columns=["en", "zh"], src_lang="en", tgt_lang="zh")
+    return list(load_split(cfg, "train").tgt)
+
+
+@pytest.fixture(scope="module")
+def tatoeba_tokenizer(tatoeba: Path) -> Tokenizer:
+    """The shipped Tatoeba configs' tokenizer (8,000 joint BPE) trained on their seeded train split."""
+    cfg = tatoeba_config("en-zh", tatoeba)
+    return train_tokenizer(cfg.tokenizer, load_split(cfg.data, cfg.data.train_split))
+
+
+def test_every_chinese_sentence_round_trips(tatoeba_tokenizer: Tokenizer, chinese: list[str]) -> None:
+    """Held-out sentences too: characters never seen in training come back through byte fallback."""
+    decoded = tatoeba_tokenizer.decode_batch(tatoeba_tokenizer.encode_batch(chinese))
+    assert [(s, d) for s, d in zip(chinese, decoded) if s != d] == []
+    assert len(chinese) == 21_116 and tatoeba_tokenizer.unk_rate(chinese) > 0
+
+
+def test_round_trip_with_few_merges_spells_rare_characters_in_bytes(chinese: list[str]) -> None:
+    small = Tokenizer.train(chinese, vocab_size=400)
+    ids = small.encode_batch(chinese)
+    assert small.unk_rate(chinese) > 0.3 and not any(small.unk_id in x for x in ids)
+    assert small.decode_batch(ids) == chinese
+
+
+def test_decoding_chinese_tokens_inserts_no_spaces(tatoeba_tokenizer: Tokenizer) -> None:
+    """Any sequence of Chinese tokens a model may emit (bytes of rare characters included) decodes unspaced."""
+    pieces = [i for i in range(tatoeba_tokenizer.vocab_size)
+              if (tok := tatoeba_tokenizer.id_to_token(i)) and "▁" not in tok and has_cjk(tok) and " " not in tok]
+    assert len(pieces) > 1000
+    rare = tatoeba_tokenizer.encode("𪚥")[1:]  # the bytes of a character outside the vocabulary, without the leading ▁
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        ids = rng.choice(pieces, size=12).tolist() + rare + rng.choice(pieces, size=3).tolist()
+        text = tatoeba_tokenizer.decode(ids)
+        assert " " not in text and "𪚥" in text
+
+
+@pytest.mark.parametrize("text", MIXED)
+def test_mixed_text_keeps_its_spaces(tatoeba_tokenizer: Tokenizer, text: str) -> None:
+    assert tatoeba_tokenizer.decode(tatoeba_tokenizer.encode(text)) == text
+
+
+def test_full_width_punctuation_survives(tatoeba_tokenizer: Tokenizer) -> None:
+    """NFC, not NFKC: full-width forms are not folded to ASCII."""
+    assert tatoeba_tokenizer.decode(tatoeba_tokenizer.encode(FULL_WIDTH)) == FULL_WIDTH
+
+
+@pytest.mark.parametrize("text", TRADITIONAL_EMOJI)
+def test_traditional_characters_and_emoji_round_trip(tatoeba_tokenizer: Tokenizer, text: str) -> None:
+    ids = tatoeba_tokenizer.encode(text)
+    assert tatoeba_tokenizer.unk_id not in ids and tatoeba_tokenizer.decode(ids) == text

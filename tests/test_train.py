@@ -1,12 +1,15 @@
 """The training loop: it trains, keeps the best and the last checkpoints, and resumes exactly."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
+from corpus_files import tatoeba_config
 from tiny import tiny_config
 from transformer import checkpoint, train
+from transformer.corpus import load_split
 from transformer.errors import TrainError
 from transformer.train import Trainer
 
@@ -125,3 +128,13 @@ def test_training_on_cuda_picks_attention_kernels_per_batch(tmp_path, monkeypatc
     Trainer(tiny_config(tmp_path, train={"max_steps": 2, "eval_every": 2}), quiet=True, log=lambda m: None).run()
     assert len(seen) >= 3 and set(seen) == {(False, False, True)}
     assert cuda.cudnn_sdp_enabled() and cuda.flash_sdp_enabled()
+
+
+def test_split_is_written_to_the_run_directory(tatoeba: Path, tmp_path: Path) -> None:
+    """One update of the shipped en->zh config (shrunk) writes split.json: the split zh->en holds out too."""
+    tiny = ["model.N=1", "model.d_model=32", "model.d_ff=64", "model.h=2", "tokenizer.vocab_size=400",
+            "train.max_steps=1", "train.eval_sentences=2", "decode.max_len_b=2", f"run_dir={tmp_path}"]
+    cfg = tatoeba_config("en-zh", tatoeba, *tiny)
+    Trainer(cfg, quiet=True, log=lambda m: None).run()
+    written = json.loads((cfg.out_dir / "split.json").read_text(encoding="utf-8"))
+    assert written == load_split(tatoeba_config("zh-en", tatoeba).data, "test").split_record
