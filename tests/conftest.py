@@ -24,8 +24,8 @@ os.environ["TFM_TATOEBA"] = str((REPO / os.environ.get("TFM_TATOEBA", "../shared
 
 @pytest.fixture(autouse=True, scope="session")
 def one_thread():
-    """One intra-op thread in the test process: the models here are tiny, and on a busy 2-core machine
-    a second thread makes each op wait on the other (subprocesses under test keep torch's default)."""
+    """One intra-op thread in the test process: the models here are too tiny for threads to pay, and on a
+    busy machine a second thread makes each op wait on the other (subprocesses under test keep torch's default)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -67,7 +67,7 @@ def multi30k_val(multi30k_cfg: DataConfig) -> Corpus:
 
 @pytest.fixture(scope="session")
 def multi30k_tokenizer(multi30k_train: Corpus) -> Tokenizer:
-    """The default 8,000-token joint BPE trained on Multi30k train (about 2 s)."""
+    """The default 8,000-token joint BPE trained on Multi30k train."""
     return train_tokenizer(TokenizerConfig(), multi30k_train)
 
 
@@ -79,5 +79,5 @@ def sample_cfg() -> DataConfig:
 
 @pytest.fixture(scope="session")
 def sample_tokenizer(sample_cfg: DataConfig) -> Tokenizer:
-    """A small BPE (1,000 tokens) trained on the sample corpus; well under a second."""
+    """A small BPE (1,000 tokens) trained on the sample corpus."""
     return train_tokenizer(TokenizerConfig(vocab_size=1000), load_split(sample_cfg, "train"))
