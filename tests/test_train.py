@@ -8,7 +8,7 @@ import torch
 
 from corpus_files import tatoeba_config
 from tiny import tiny_config
-from transformer import checkpoint, train
+from transformer import checkpoint, train, update, validation
 from transformer.corpus import load_split
 from transformer.errors import TrainError
 from transformer.train import Trainer
@@ -114,8 +114,9 @@ def test_auto_precision_trains_as_resolved_and_the_run_config_records_it(tmp_pat
 def test_training_on_cuda_picks_attention_kernels_per_batch(tmp_path, monkeypatch):
     """Every training and validation forward pass runs without cuDNN attention (it plans every new shape) and,
     its batch being short, without flash; the flags are process-wide, readable without a GPU, and restored."""
-    real, build = train.training_attention, train.build_model
-    monkeypatch.setattr(train, "training_attention", lambda device, length: real(torch.device("cuda"), length))
+    real, build = update.training_attention, train.build_model
+    for module in (update, validation):
+        monkeypatch.setattr(module, "training_attention", lambda device, length: real(torch.device("cuda"), length))
     cuda, seen = torch.backends.cuda, []
 
     def watched(*args, **kwargs):

@@ -1,4 +1,4 @@
-"""The learning-rate schedule of the paper (section 5.3), or the same shape with a stated peak.
+"""The optimizer of the paper (section 5.3): Adam, and its learning-rate schedule or the same shape with a stated peak.
 
 Paper: lr = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).
 With ``peak_lr`` set: lr = peak_lr * min(step / warmup, (warmup / step)^0.5), the
@@ -7,7 +7,22 @@ inverse square root of fairseq, which rises linearly to ``peak_lr`` at ``warmup`
 
 from __future__ import annotations
 
+import torch
+
 from transformer.config import TrainConfig
+from transformer.kernels import fused_adam
+
+
+def make_optimizer(model: torch.nn.Module, t: TrainConfig, device: torch.device, lr: float = 0.0,
+                   fused: bool | None = None) -> torch.optim.Adam:
+    """Adam with the config's betas, eps and weight decay (the schedule sets lr at every update).
+
+    Fused (one kernel for all parameters) on CUDA, and on the CPU where torch has it, unless
+    ``fused`` says otherwise (the benchmarks measure both).
+    """
+    fused = fused_adam(device) if fused is None else fused
+    return torch.optim.Adam(model.parameters(), lr=lr, betas=tuple(t.betas), eps=t.eps, weight_decay=t.weight_decay,
+                            fused=fused or None)
 
 
 def learning_rate(step: int, train: TrainConfig, d_model: int) -> float:

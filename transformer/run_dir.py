@@ -1,0 +1,79 @@
+"""The run directory at the start of training: a fresh one, one wiped by --overwrite, or one to --resume.
+
+Resuming repairs what an interrupted save left behind, takes the newest checkpoint that loads whole
+(damaged newer ones are renamed ``damaged-step_N`` and kept for inspection), and refuses a config that
+changes what the checkpoint's weights and tokenizer mean.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+from transformer import checkpoint
+from transformer.config import Config, to_dict
+from transformer.errors import CheckpointError, TrainError
+from transformer.files import clean_partial
+
+# Config sections that fix what a checkpoint's weights and tokenizer mean; resume refuses changes here.
+FROZEN_SECTIONS = ("model", "tokenizer")
+
+
+def prepare(run_dir: Path, resume: bool, overwrite: bool, log: Callable[[str], None]) -> Path | None:
+    """Check ``run_dir`` against --resume/--overwrite; return the checkpoint to resume from, if resuming."""
+    if resume:
+        for folder in (run_dir, run_dir / "checkpoints"):  # what a kill -9 mid-save left behind
+            for note in clean_partial(folder):
+                log(f"left by an interrupted save: {note}")
+        existing = checkpoint.step_dirs(run_dir)
+        if not existing:
+            raise TrainError(f"--resume: no checkpoint in {run_dir}/checkpoints; start without --resume")
+        return newest_intact(run_dir, existing, log)
+    if run_dir.exists() and any(run_dir.iterdir()):
+        if not overwrite:
+            raise TrainError(f"run directory {run_dir} already exists; pass --resume to continue it, "
+                             "--overwrite to start again, or --set name=<new name>")
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return None
+
+
+def newest_intact(run_dir: Path, step_dirs: list[Path], log: Callable[[str], None]) -> Path:
+    """The newest of ``step_dirs`` that loads whole; damaged newer ones are renamed ``damaged-step_N``, kept."""
+    problems = []
+    for path in reversed(step_dirs):
+        try:
+            checkpoint.load(path, "cpu")
+            checkpoint.load_trainer_state(path)
+        except CheckpointError as e:
+            aside = path.with_name(f"damaged-{path.name}")
+            path.rename(aside)
+            log(f"{path.name} is damaged ({e}); moved to {aside} and resuming from an older checkpoint")
+            problems.append(str(e))
+            continue
+        return path
+    raise TrainError(f"--resume: every checkpoint in {run_dir}/checkpoints is damaged ({problems[0]}); "
+                     "start without --resume, or restore one from a backup")
+
+
+def check_compatible(cfg: Config, ckpt_dir: Path) -> None:
+    """Refuse to resume ``ckpt_dir`` under a config whose model, tokenizer or languages differ from its own."""
+    new, old = to_dict(cfg), to_dict(checkpoint.read_config(ckpt_dir))
+    diffs = [k for s in FROZEN_SECTIONS for k in _differences({s: old[s]}, {s: new[s]})]
+    diffs += [k for k in _differences(old["data"], new["data"]) if k.startswith(("src_lang", "tgt_lang"))]
+    if diffs:
+        raise TrainError(f"--resume refused: the config changed what the checkpoint means: {'; '.join(diffs)}; "
+                         "restore these values or start a new run")
+
+
+def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two nested dicts, each as ``key (old -> new)``."""
+    keys = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            keys += _differences(a, b, f"{prefix}{k}.")
+        elif a != b:
+            keys.append(f"{prefix}{k} ({a!r} -> {b!r})")
+    return keys

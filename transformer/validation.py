@@ -1,0 +1,48 @@
+"""Validation during training: teacher-forced loss and perplexity on the valid split, greedy BLEU and chrF.
+
+Loss and perplexity use every valid pair; BLEU and chrF translate only the first ``train.eval_sentences``
+sources, so that validation stays a small part of a run.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from transformer.batching import EncodedCorpus, collate, make_batches
+from transformer.config import Config
+from transformer.corpus import Corpus
+from transformer.device import autocast
+from transformer.evaluate import score
+from transformer.kernels import training_attention
+from transformer.loss import label_smoothed_nll
+from transformer.model import Transformer
+from transformer.tokenizer import Tokenizer
+from transformer.translator import Translator
+
+
+def validate(model: Transformer, tokenizer: Tokenizer, cfg: Config, device: torch.device,
+             valid: Corpus, valid_enc: EncodedCorpus) -> dict[str, float]:
+    """Validation loss, perplexity, greedy BLEU and chrF; the model is left in training mode."""
+    model.eval()
+    loss_sum = nll_sum = 0.0
+    tokens = 0
+    with torch.inference_mode():
+        for idx in make_batches(valid_enc, cfg.train.batch_tokens, cfg.seed, 0, shuffle=False):
+            b = collate(valid_enc, idx, tokenizer).to(device)
+            with autocast(cfg.precision, device), training_attention(device, b.longest):
+                logits = model(b.src, b.tgt_in)
+            loss, nll = label_smoothed_nll(logits, b.tgt_out, cfg.train.label_smoothing, tokenizer.pad_id)
+            loss_sum += float(loss)
+            nll_sum += float(nll)
+            tokens += b.n_tokens
+    n = cfg.train.eval_sentences
+    src, refs = list(valid.src[:n]), list(valid.tgt[:n])
+    translator = Translator(model, tokenizer, cfg.decode, cfg.model.max_positions, device, cfg.precision)
+    hyps = [t.best for t in translator.translate(src, beam=1)]
+    scores = score(hyps, refs, cfg.data.tgt_lang, cfg.decode.bleu_tokenize)
+    model.train()
+    nll = nll_sum / max(tokens, 1)
+    return {"valid_loss": loss_sum / max(tokens, 1), "valid_nll": nll, "valid_ppl": math.exp(min(nll, 50.0)),
+            "valid_bleu": scores.bleu, "valid_chrf": scores.chrf}
