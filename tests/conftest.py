@@ -1,4 +1,5 @@
-"""Shared fixtures: the shipped sample corpus, Multi30k (from TFM_MULTI30K) and a tokenizer trained on it.
+"""Shared fixtures: the shipped sample corpus, Multi30k (from TFM_MULTI30K) and a tokenizer trained on it,
+a tiny finished training run and a tiny untrained checkpoint.
 
 TFM_MULTI30K defaults to ``<repo>/../shared/data/multi30k`` and TFM_TATOEBA (the English-Chinese
 folder holding cmn-eng.tsv.gz) to ``<repo>/../shared/data/tatoeba-cmn-eng``; a relative value is
@@ -13,9 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from tiny import SAMPLE, run_trainer, tiny_config
+from transformer import checkpoint
 from transformer.config import DataConfig, TokenizerConfig
 from transformer.corpus import Corpus, load_split
+from transformer.model import build_model
 from transformer.tokenizer import Tokenizer, train_tokenizer
+from transformer.train import Result
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ["TFM_MULTI30K"] = str((REPO / os.environ.get("TFM_MULTI30K", "../shared/data/multi30k")).resolve())
@@ -81,3 +86,23 @@ def sample_cfg() -> DataConfig:
 def sample_tokenizer(sample_cfg: DataConfig) -> Tokenizer:
     """A small BPE (1,000 tokens) trained on the sample corpus."""
     return train_tokenizer(TokenizerConfig(vocab_size=1000), load_split(sample_cfg, "train"))
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Result:
+    """A finished run of tiny.tiny_config (6 updates: step_3, step_6 and best). Tests may add files beside
+    its checkpoints but must not change or remove any."""
+    return run_trainer(tiny_config(tmp_path_factory.mktemp("tiny-run")))
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An untrained checkpoint of tiny.tiny_config's model with a tokenizer from data/sample: nonsense
+    translations of 5 tokens at most. Read only."""
+    folder = tmp_path_factory.mktemp("ckpt")
+    cfg = tiny_config(folder, decode={"max_len_a": 0.0, "max_len_b": 5})
+    texts = (SAMPLE / "train.de").read_text(encoding="utf-8").splitlines()
+    texts += (SAMPLE / "train.en").read_text(encoding="utf-8").splitlines()
+    tok = Tokenizer.train(texts, vocab_size=cfg.tokenizer.vocab_size)
+    torch.manual_seed(0)
+    return checkpoint.save(folder / "ck", cfg, tok, build_model(cfg.model, tok.vocab_size, tok.pad_id), {"step": 0})

@@ -7,19 +7,15 @@ import torch
 from typer.testing import CliRunner
 
 from cli.main import app
-from tiny import tiny_config
 from transformer import checkpoint
 from transformer.average import average
 from transformer.errors import CheckpointError
-from transformer.train import Trainer
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """A tiny run with two step checkpoints, step_3 and step_6."""
-    cfg = tiny_config(tmp_path_factory.mktemp("avg"))
-    Trainer(cfg, quiet=True, log=lambda m: None).run()
-    return cfg.out_dir
+def run(tiny_run):
+    """The shared tiny run: two step checkpoints, step_3 and step_6."""
+    return tiny_run.run_dir
 
 
 def test_average_of_two_is_the_mean_of_their_tensors(run, tmp_path):

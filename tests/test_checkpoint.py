@@ -1,8 +1,10 @@
 """Checkpoints: self-contained, atomic, and loaded without trusting pickles."""
 
 import errno
+import json
 import os
 import pickle
+import zipfile
 
 import pytest
 import torch
@@ -10,6 +12,7 @@ import torch
 from tiny import tiny_config
 from transformer import checkpoint
 from transformer.errors import CheckpointError
+from transformer.files import clean_partial
 from transformer.model import build_model
 from transformer.tokenizer import Tokenizer
 
@@ -116,3 +119,51 @@ def test_newest_prefers_best_of_latest_run(parts, tmp_path):
     assert checkpoint.newest(runs) == b
     with pytest.raises(CheckpointError, match="no checkpoint found"):
         checkpoint.newest(tmp_path / "empty")
+
+
+def test_prune_never_leaves_a_half_deleted_checkpoint_that_looks_complete(parts, tmp_path, monkeypatch):
+    cfg, tok, model = parts
+    for step in (1, 2, 3):
+        checkpoint.save(tmp_path / "checkpoints" / f"step_{step}", cfg, tok, model, {"step": step})
+
+    def killed(path, ignore_errors=False):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.prune(tmp_path, keep_last=2)
+    monkeypatch.undo()
+    assert [p.name for p in checkpoint.step_dirs(tmp_path)] == ["step_2", "step_3"]
+    assert clean_partial(tmp_path / "checkpoints") == [f"removed .step_1.tmp-{os.getpid()}"]
+
+
+def test_checkpoint_saved_on_another_device_loads_on_cpu(tiny_checkpoint, tmp_path, monkeypatch):
+    """safetensors records dtype, shape and offsets only; trainer.pt tensors tagged 'cuda:0' load via map_location."""
+    header_len = int.from_bytes((tiny_checkpoint / checkpoint.WEIGHTS).read_bytes()[:8], "little")
+    header = json.loads((tiny_checkpoint / checkpoint.WEIGHTS).read_bytes()[8:8 + header_len])
+    assert {k for name, v in header.items() if name != "__metadata__" for k in v} == {"dtype", "shape", "data_offsets"}
+
+    # Write trainer.pt as a GPU run would: every storage tagged 'cuda:0' (this machine need not have one).
+    gpu_copy = tmp_path / "gpu"
+    loaded = checkpoint.load(tiny_checkpoint)
+    checkpoint.save(gpu_copy, loaded.cfg, loaded.tokenizer, loaded.model, loaded.meta)
+    monkeypatch.setattr(torch.serialization, "location_tag", lambda storage: "cuda:0")
+    torch.save({"state": {"step": 3}, "exp_avg": torch.ones(3)}, gpu_copy / checkpoint.TRAINER)
+    monkeypatch.undo()
+    with zipfile.ZipFile(gpu_copy / checkpoint.TRAINER) as z:
+        assert b"cuda:0" in z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
+    if not torch.cuda.is_available():  # a plain torch.load would fail here, as users of other toolkits report
+        with pytest.raises(RuntimeError, match="CUDA"):
+            torch.load(gpu_copy / checkpoint.TRAINER, weights_only=True)
+    state = checkpoint.load_trainer_state(gpu_copy)
+    assert state["exp_avg"].device.type == "cpu" and torch.equal(state["exp_avg"], torch.ones(3))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU to save from")
+def test_checkpoint_saved_from_cuda_loads_on_cpu(tiny_checkpoint, tmp_path):
+    loaded = checkpoint.load(tiny_checkpoint, "cuda")
+    path = checkpoint.save(tmp_path / "gpu", loaded.cfg, loaded.tokenizer, loaded.model, loaded.meta,
+                           {"exp_avg": torch.ones(3, device="cuda")})
+    back = checkpoint.load(path, "cpu")
+    assert all(p.device.type == "cpu" for p in back.model.parameters())
+    assert checkpoint.load_trainer_state(path)["exp_avg"].device.type == "cpu"

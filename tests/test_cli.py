@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -10,13 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from typer.testing import CliRunner
 
+from cli.main import app
+from cli_helpers import one_error_line
 from corpus_files import TRADITIONAL_EMOJI, has_cjk
-from tiny import ROOT, SAMPLE
+from tiny import QUICKSTART, ROOT, SAMPLE, TINY_SETS, assert_resumable, run_trainer, step_of
 from transformer import checkpoint, config
 from transformer.config import DataConfig
 from transformer.corpus import load_split
-from transformer.train import Trainer
 from transformer.translator import Translator
 
 QUICK = ["--set", "train.max_steps=30", "--set", "train.eval_every=30", "--set", "train.save_every=30"]
@@ -156,7 +159,7 @@ def train_tiny(folder: Path, pairs: list[tuple[str, str]], src: str, tgt: str) -
                   "eval_every": steps, "save_every": steps, "eval_sentences": len(pairs), "keep_last": 1},
         "decode": {"beam": 1},
     })
-    Trainer(cfg, quiet=True, log=lambda m: None).run()
+    run_trainer(cfg)
     return cfg.out_dir / "best"
 
 
@@ -206,3 +209,62 @@ def test_eval_prints_the_bleu_signature_of_the_target_language(en_zh_model: Path
     assert "BLEU = 100.00" in r.stdout and "tok:zh" in r.stdout and "chrF = 100.00" in r.stdout
     r = shell(f"tfm eval --checkpoint {shlex.quote(str(zh_en_model))} --beam 1")
     assert r.returncode == 0 and "tok:13a" in r.stdout, r.stderr
+
+
+# ---- refusals and interruptions, through the Typer app in this process: exit code and one line, no traceback ----
+
+
+def test_ctrl_c_while_loading_exits_130_without_a_traceback(monkeypatch):
+    """Before training installs its own handler (config, data, tokenizer): one line and 130, not click's exit 1."""
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(config, "load", interrupted)
+    r = CliRunner().invoke(app, ["train", "--config", str(QUICKSTART)])
+    assert r.exit_code == 130 and r.stderr.strip() == "interrupted"
+
+
+def test_absurd_learning_rate_ends_the_cli_run_with_exit_1_and_a_hint(tmp_path):
+    r = CliRunner().invoke(app, ["train", "--config", str(QUICKSTART), "--quiet", *TINY_SETS,
+                                 f"--set=run_dir={tmp_path}", "--set=train.peak_lr=1e30", "--set=train.warmup=1",
+                                 "--set=train.max_bad_steps=3", "--set=train.save_every=1"])
+    assert r.exit_code == 1, r.output
+    assert isinstance(r.exception, SystemExit) and "Traceback" not in r.stderr
+    assert re.search(r"stopped: 3 updates in a row with non-finite loss or gradients at step \d+ "
+                     r"\(last finite loss \d+\.\d{4}, lr \S+, loss scale 1\.0\); lower train.peak_lr", r.stderr)
+    for path in checkpoint.step_dirs(tmp_path / "quickstart"):
+        assert_resumable(path, step_of(path))
+
+
+BAD_CONFIGS = {
+    "unknown-key": (["--set=train.lable_smoothing=0.2"],
+                    "unknown config key 'train.lable_smoothing'; did you mean 'train.label_smoothing'?"),
+    "wrong-type": (["--set=model.h=eight"], "model.h: expected int, got 'eight'"),
+    "dropout-1.5": (["--set=model.dropout=1.5"], "model.dropout: 1.5 is out of range; it must be in [0, 1)"),
+    "d_model-vs-h": (["--set=model.d_model=30", "--set=model.h=4"],
+                     "model.d_model (30) must be divisible by model.h (4)"),
+    "missing-data": (["--set=data.path={tmp}/none"], "missing train.de[.gz], train.en[.gz] in {tmp}/none"),
+    "fp16-on-cpu": (["--set=precision=fp16"], "precision: fp16 needs a CUDA GPU but the device is cpu"),
+    "cuda-without-cuda": (["--set=device=cuda"], "device: cuda but this machine has no CUDA GPU"),
+}
+
+
+@pytest.mark.parametrize("name", BAD_CONFIGS)
+def test_bad_config_is_one_error_line_and_exit_2(name, tmp_path):
+    if name == "cuda-without-cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    sets, message = BAD_CONFIGS[name]
+    args = ["train", "--config", str(QUICKSTART), "--quiet", *TINY_SETS, f"--set=run_dir={tmp_path}"]
+    r = CliRunner().invoke(app, args + [s.format(tmp=tmp_path) for s in sets])
+    assert r.exit_code == 2, r.output
+    assert isinstance(r.exception, SystemExit), r.exception
+    assert message.format(tmp=tmp_path) in one_error_line(r.stderr)
+
+
+def test_yaml_syntax_error_names_file_line_and_column(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nmodel:\n  N: 1\n d_model: 2\n", encoding="utf-8")
+    r = CliRunner().invoke(app, ["train", "--config", str(bad)])
+    assert r.exit_code == 2 and isinstance(r.exception, SystemExit)
+    assert f"{bad}: YAML syntax error at line 4, column 2" in one_error_line(r.stderr)

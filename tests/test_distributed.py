@@ -4,7 +4,7 @@ Two ranks with ``accumulate: 1`` take two batches per update, as one process wit
 does. With dropout off, the only differences are float summation order (per-rank gradients are
 all-reduced), so losses agree to a relative 1e-5. The tiny corpus makes 11 batches per epoch: the
 epoch's last update has one batch, so rank 1 runs a zero-weight filler there and training goes on
-into the next epoch without a hang. Each torchrun start costs ~10 s on two cores.
+into the next epoch without a hang.
 """
 
 from __future__ import annotations
@@ -18,12 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tiny import ROOT, tiny_config
+from tiny import ROOT, run_trainer, tiny_config
 from transformer import checkpoint, config, distributed
 from transformer.batching import collate, encode_corpus, make_batches
 from transformer.corpus import load_split
 from transformer.tokenizer import train_tokenizer
-from transformer.train import Trainer
 from transformer.translator import Translator
 
 STEPS = 8  # 6 updates per epoch at batch_tokens 1000: crosses the uneven end of epoch 0
@@ -79,7 +78,7 @@ def test_global_token_count_matches_collate(tmp_path):
 def test_two_gloo_ranks_match_one_process_and_resume(tmp_path):
     """torchrun 4 steps, then `tfm train --nproc 2 --resume` to 8 == one process, accumulate 2, 8 steps."""
     single = tiny_config(tmp_path / "runs", name="single", model={"dropout": 0.0}, train={**TRAIN, "accumulate": 2})
-    Trainer(single, quiet=True, log=lambda m: None).run()
+    run_trainer(single)
 
     cfg_file = _config_file(tmp_path, "ddp")
     _torchrun(["train", f"--config={cfg_file}", "--quiet", "--set=train.max_steps=4"],
@@ -98,7 +97,7 @@ def test_two_gloo_ranks_match_one_process_and_resume(tmp_path):
 
 @pytest.mark.slow
 def test_distributed_resume_is_exact_with_dropout(tmp_path):
-    """Each rank's dropout stream is saved and restored: 4 + 4 steps == 8 steps, bit for bit (~40 s)."""
+    """Each rank's dropout stream is saved and restored: 4 + 4 steps == 8 steps, bit for bit."""
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "cli"]
     whole, halves = _config_file(tmp_path, "whole", 0.1), _config_file(tmp_path, "halves", 0.1)
     _torchrun(["train", f"--config={whole}", "--quiet"], launcher)

@@ -1,17 +1,15 @@
-"""The training loop: it trains, keeps the best and the last checkpoints, and resumes exactly."""
+"""The training loop: it trains, keeps the best and the last checkpoints, resumes exactly and stops for the right reason."""
 
 import json
-from pathlib import Path
+import math
+import re
+from itertools import count
 
-import pytest
 import torch
 
-from corpus_files import tatoeba_config
-from tiny import tiny_config
+from tiny import run_trainer, step_of, tiny_config
 from transformer import checkpoint, train, update, validation
-from transformer.corpus import load_split
-from transformer.errors import TrainError
-from transformer.train import Trainer
+from transformer.update import Updater
 
 
 def _losses(run_dir):
@@ -19,11 +17,9 @@ def _losses(run_dir):
     return [e["loss"] for e in map(json.loads, lines) if e["kind"] == "train"]
 
 
-def test_trains_and_writes_run_directory(tmp_path):
-    cfg = tiny_config(tmp_path)
-    result = Trainer(cfg, quiet=True, log=lambda m: None).run()
-    run = cfg.out_dir
-    assert result.reason == "max_steps" and result.state.step == 6
+def test_trains_and_writes_run_directory(tiny_run):
+    run = tiny_run.run_dir
+    assert tiny_run.reason == "max_steps" and tiny_run.state.step == 6
     assert (run / "config.yaml").is_file() and (run / "tokenizer.json").is_file()
     assert [p.name for p in checkpoint.step_dirs(run)] == ["step_3", "step_6"]
     assert (run / "best" / "model.safetensors").is_file()
@@ -36,7 +32,7 @@ def test_trains_and_writes_run_directory(tmp_path):
 def test_loss_goes_down(tmp_path):
     cfg = tiny_config(tmp_path, train={"max_steps": 40, "eval_every": 40, "save_every": 40, "peak_lr": 3e-3},
                       model={"dropout": 0.0})
-    Trainer(cfg, quiet=True, log=lambda m: None).run()
+    run_trainer(cfg)
     losses = _losses(cfg.out_dir)
     assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5
 
@@ -44,69 +40,65 @@ def test_loss_goes_down(tmp_path):
 def test_exact_resume(tmp_path):
     """2N steps in one go == N steps, stop, resume for N: same losses, same weights (CPU, fp32)."""
     whole = tiny_config(tmp_path / "a", train={"max_steps": 6, "save_every": 3})
-    Trainer(whole, quiet=True, log=lambda m: None).run()
-    half = tiny_config(tmp_path / "b", train={"max_steps": 3, "save_every": 3})
-    Trainer(half, quiet=True, log=lambda m: None).run()
+    run_trainer(whole)
+    run_trainer(tiny_config(tmp_path / "b", train={"max_steps": 3, "save_every": 3}))
     rest = tiny_config(tmp_path / "b", train={"max_steps": 6, "save_every": 3})
-    Trainer(rest, resume=True, quiet=True, log=lambda m: None).run()
+    run_trainer(rest, resume=True)
     assert _losses(whole.out_dir) == _losses(rest.out_dir)
     a = checkpoint.load(checkpoint.step_dirs(whole.out_dir)[-1]).model.state_dict()
     b = checkpoint.load(checkpoint.step_dirs(rest.out_dir)[-1]).model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_resume_refuses_changed_architecture(tmp_path):
-    Trainer(tiny_config(tmp_path, train={"max_steps": 3}), quiet=True, log=lambda m: None).run()
-    changed = tiny_config(tmp_path, model={"d_ff": 128}, train={"max_steps": 6})
-    with pytest.raises(TrainError, match=r"model.d_ff \(64 -> 128\)"):
-        Trainer(changed, resume=True, quiet=True, log=lambda m: None).run()
-
-
-def test_existing_run_needs_resume_or_overwrite(tmp_path):
-    cfg = tiny_config(tmp_path, train={"max_steps": 3})
-    Trainer(cfg, quiet=True, log=lambda m: None).run()
-    with pytest.raises(TrainError, match="already exists; pass --resume"):
-        Trainer(cfg, quiet=True, log=lambda m: None).run()
-    assert Trainer(cfg, overwrite=True, quiet=True, log=lambda m: None).run().state.step == 3
-
-
 def test_resume_of_finished_run_is_a_no_op(tmp_path):
     cfg = tiny_config(tmp_path, train={"max_steps": 3})
-    Trainer(cfg, quiet=True, log=lambda m: None).run()
+    run_trainer(cfg)
     messages = []
-    result = Trainer(cfg, resume=True, quiet=True, log=messages.append).run()
+    result = run_trainer(cfg, resume=True, log=messages.append)
     assert result.reason == "finished" and any("already at max_steps" in m for m in messages)
 
 
-def test_resume_skips_a_damaged_newest_checkpoint_and_keeps_it_aside(tmp_path):
-    """A truncated newest checkpoint: resume goes on from the one before; the damaged one is kept, renamed."""
-    cfg = tiny_config(tmp_path, train={"max_steps": 4, "save_every": 2, "keep_last": 3})
-    Trainer(cfg, quiet=True, log=lambda m: None).run()
-    older, newest = checkpoint.step_dirs(cfg.out_dir)[-2:]
-    weights = newest / checkpoint.WEIGHTS
-    weights.write_bytes(weights.read_bytes()[:100])
-    messages = []
-    more = tiny_config(tmp_path, train={"max_steps": 6, "save_every": 2, "keep_last": 3})
-    assert Trainer(more, resume=True, quiet=True, log=messages.append).run().state.step == 6
-    assert f"resumed from {older} at step 2" in messages
-    aside = newest.with_name(f"damaged-{newest.name}")
-    assert aside.is_dir() and (aside / checkpoint.WEIGHTS).stat().st_size == 100
-    assert any("is damaged" in m and str(aside) in m for m in messages)
+def test_non_finite_updates_are_skipped_counted_and_stop_training_with_a_diagnosis(tmp_path, monkeypatch):
+    """Update 3 is NaN (skipped, training goes on); 5, 6, 7 are NaN: K=3 in a row stops the run."""
+    bad, calls = {3, 5, 6, 7}, count(1)
+    real = Updater.micro_loss
 
+    def poisoned(self, batch, total):  # one micro-batch per update here: the n-th call is update n
+        loss, nll = real(self, batch, total)
+        return (loss * math.nan, nll) if next(calls) in bad else (loss, nll)
 
-def test_resume_with_only_damaged_checkpoints_is_a_clear_error(tmp_path):
-    cfg = tiny_config(tmp_path, train={"max_steps": 2, "save_every": 2})
-    Trainer(cfg, quiet=True, log=lambda m: None).run()
-    for path in checkpoint.step_dirs(cfg.out_dir):
-        (path / checkpoint.TRAINER).write_bytes(b"not a checkpoint")
-    with pytest.raises(TrainError, match="every checkpoint in .* is damaged"):
-        Trainer(tiny_config(tmp_path, train={"max_steps": 4}), resume=True, quiet=True, log=lambda m: None).run()
+    monkeypatch.setattr(Updater, "micro_loss", poisoned)
+    cfg = tiny_config(tmp_path, train={"max_steps": 50, "save_every": 2, "max_bad_steps": 3, "keep_last": 5,
+                                       "eval_every": 1000})
+    messages: list[str] = []
+    trainer = train.Trainer(cfg, quiet=True, log=messages.append)
+    result = trainer.run()
+    assert (result.reason, result.exit_code, result.state.step, result.state.skipped_steps) == ("non_finite", 1, 7, 4)
+
+    log = [json.loads(line) for line in (cfg.out_dir / "log.jsonl").read_text().splitlines()]
+    logged = {e["step"]: e for e in log if e["kind"] == "train"}
+    assert sorted(logged) == [1, 2, 4]  # skipped updates are not logged as if they had happened
+    assert logged[4]["skipped_steps"] == 1
+    diagnosis = next(m for m in messages if m.startswith("stopped:"))
+    assert re.search(rf"3 updates in a row .* at step 7 \(last finite loss {logged[4]['loss']:.4f}, "
+                     r"lr \d\.\d\de-\d\d, loss scale 1\.0\)", diagnosis), diagnosis
+    assert "lower train.peak_lr" in diagnosis and "Checkpoints before this point are intact" in diagnosis
+
+    # Skipped updates changed nothing: the weights at the stop are those after update 4, which step_4 and
+    # step_6 (saved in the middle of the bad run) both hold, loadable and resumable.
+    assert [p.name for p in checkpoint.step_dirs(cfg.out_dir)] == ["step_2", "step_4", "step_6"]
+    weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    for name in ("step_4", "step_6"):
+        path = cfg.out_dir / "checkpoints" / name
+        saved = checkpoint.load(path).model.state_dict()
+        assert all(torch.equal(saved[k], weights[k]) for k in weights)
+        assert checkpoint.load_trainer_state(path)["state"]["step"] == step_of(path)
 
 
 def test_auto_precision_trains_as_resolved_and_the_run_config_records_it(tmp_path):
     cfg = tiny_config(tmp_path, precision="auto", train={"max_steps": 1})
     logs = []
-    Trainer(cfg, quiet=True, log=logs.append).run()
+    run_trainer(cfg, log=logs.append)
     assert cfg.precision == "auto" and any(m.endswith("on cpu in fp32") for m in logs)
     assert "precision: fp32" in (cfg.out_dir / "config.yaml").read_text()
 
@@ -126,16 +118,7 @@ def test_training_on_cuda_picks_attention_kernels_per_batch(tmp_path, monkeypatc
         return model
 
     monkeypatch.setattr(train, "build_model", watched)
-    Trainer(tiny_config(tmp_path, train={"max_steps": 2, "eval_every": 2}), quiet=True, log=lambda m: None).run()
+    run_trainer(tiny_config(tmp_path, train={"max_steps": 2, "eval_every": 2}))
     assert len(seen) >= 3 and set(seen) == {(False, False, True)}
     assert cuda.cudnn_sdp_enabled() and cuda.flash_sdp_enabled()
 
-
-def test_split_is_written_to_the_run_directory(tatoeba: Path, tmp_path: Path) -> None:
-    """One update of the shipped en->zh config (shrunk) writes split.json: the split zh->en holds out too."""
-    tiny = ["model.N=1", "model.d_model=32", "model.d_ff=64", "model.h=2", "tokenizer.vocab_size=400",
-            "train.max_steps=1", "train.eval_sentences=2", "decode.max_len_b=2", f"run_dir={tmp_path}"]
-    cfg = tatoeba_config("en-zh", tatoeba, *tiny)
-    Trainer(cfg, quiet=True, log=lambda m: None).run()
-    written = json.loads((cfg.out_dir / "split.json").read_text(encoding="utf-8"))
-    assert written == load_split(tatoeba_config("zh-en", tatoeba).data, "test").split_record

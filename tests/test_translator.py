@@ -90,3 +90,13 @@ def test_half_precision_casts_weights_once_and_translates_as_autocast(translator
     with torch.autocast("cpu", dtype=torch.bfloat16):
         want = [(o.texts, o.scores) for o in translator.translate_chunk(lines, beam=3, nbest=2)]
     assert [(o.texts, o.scores) for o in t.translate_chunk(lines, beam=3, nbest=2)] == want
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.one_of(st.characters(), st.characters(categories=["Cs"])), max_size=60))
+def test_translator_input_path_never_crashes_the_tokenizer(sample_tokenizer, s):
+    """Any str, lone surrogates included (how argv hands over bad bytes): cleaned, it encodes and round-trips."""
+    line = clean_line(s)
+    [ids] = sample_tokenizer.encode_batch([line])
+    assert sample_tokenizer.unk_id not in ids
+    assert sample_tokenizer.decode(ids) == sample_tokenizer.normalize(line)

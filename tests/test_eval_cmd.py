@@ -1,0 +1,20 @@
+"""`tfm eval` (cli/eval_cmd.py): inputs that do not line up are refused before any work."""
+
+from typer.testing import CliRunner
+
+from cli.main import app
+from cli_helpers import one_error_line
+
+
+def test_eval_refuses_files_of_different_line_counts(tiny_checkpoint, tmp_path):
+    hyp, ref = tmp_path / "hyp.en", tmp_path / "ref.en"
+    hyp.write_text("a\nb\n", encoding="utf-8")
+    ref.write_text("a\nb\nc\n", encoding="utf-8")
+    r = CliRunner().invoke(app, ["eval", "--hyp", str(hyp), "--ref", str(ref)])
+    assert r.exit_code == 2 and "2 hypotheses but 3 references" in one_error_line(r.stderr)
+    src = tmp_path / "src.de"
+    src.write_text("Ein Hund.\nDie Frau.\n", encoding="utf-8")
+    r = CliRunner().invoke(app, ["eval", "--checkpoint", str(tiny_checkpoint), "--src", str(src), "--ref", str(ref),
+                                 "--device", "cpu", "--beam", "1"])
+    assert r.exit_code == 2 and "src.de has 2 lines but" in one_error_line(r.stderr)
+    assert not (tiny_checkpoint / "eval").exists()

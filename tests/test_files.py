@@ -1,0 +1,27 @@
+"""Atomic writing: what an interrupted save or removal leaves behind is repaired by clean_partial."""
+
+import os
+
+from tiny import tiny_config
+from transformer import checkpoint
+from transformer.files import clean_partial
+from transformer.model import build_model
+from transformer.tokenizer import Tokenizer
+
+
+def test_interrupted_save_and_prune_are_repaired_on_the_next_start(tmp_path):
+    """Kill between save's two renames: only ``.best.old-PID`` is left; it is put back, temporaries removed."""
+    cfg = tiny_config(tmp_path)
+    tok = Tokenizer.train(["Ein Mann fährt Fahrrad."] * 20, vocab_size=cfg.tokenizer.vocab_size)
+    model = build_model(cfg.model, tok.vocab_size, tok.pad_id)
+    folder = tmp_path / "run"
+    best = checkpoint.save(folder / "best", cfg, tok, model, {"step": 4})
+    os.replace(best, folder / ".best.old-4242")
+    stale = checkpoint.save(folder / "step_2", cfg, tok, model, {"step": 2})
+    os.replace(stale, folder / ".step_2.old-4242")
+    checkpoint.save(folder / "step_2", cfg, tok, model, {"step": 3})  # its replacement did land
+    (folder / ".step_9.tmp-4242").mkdir()
+    done = clean_partial(folder)
+    assert done == ["restored best from .best.old-4242", "removed .step_2.old-4242", "removed .step_9.tmp-4242"]
+    assert checkpoint.load(folder / "best").meta["step"] == 4 and checkpoint.load(folder / "step_2").meta["step"] == 3
+    assert sorted(p.name for p in folder.iterdir()) == ["best", "step_2"]

@@ -1,0 +1,73 @@
+"""The run directory: --overwrite and --resume, damaged checkpoints set aside, a changed model refused, kill -9 repaired."""
+
+import signal
+
+import pytest
+
+from cli_helpers import last_step, run_of, train
+from tiny import run_trainer, step_of, tiny_config
+from transformer import checkpoint, config
+from transformer.errors import TrainError
+
+
+def test_existing_run_needs_resume_or_overwrite(tmp_path):
+    cfg = tiny_config(tmp_path, train={"max_steps": 3})
+    run_trainer(cfg)
+    with pytest.raises(TrainError, match="already exists; pass --resume"):
+        run_trainer(cfg)
+    assert run_trainer(cfg, overwrite=True).state.step == 3
+
+
+def test_resume_refuses_changed_architecture(tmp_path):
+    run_trainer(tiny_config(tmp_path, train={"max_steps": 3}))
+    changed = tiny_config(tmp_path, model={"d_ff": 128}, train={"max_steps": 6})
+    with pytest.raises(TrainError, match=r"model.d_ff \(64 -> 128\)"):
+        run_trainer(changed, resume=True)
+
+
+def test_resume_skips_a_damaged_newest_checkpoint_and_keeps_it_aside(tmp_path):
+    """A truncated newest checkpoint: resume goes on from the one before; the damaged one is kept, renamed."""
+    cfg = tiny_config(tmp_path, train={"max_steps": 4, "save_every": 2, "keep_last": 3})
+    run_trainer(cfg)
+    older, newest = checkpoint.step_dirs(cfg.out_dir)[-2:]
+    weights = newest / checkpoint.WEIGHTS
+    weights.write_bytes(weights.read_bytes()[:100])
+    messages = []
+    more = tiny_config(tmp_path, train={"max_steps": 6, "save_every": 2, "keep_last": 3})
+    assert run_trainer(more, resume=True, log=messages.append).state.step == 6
+    assert f"resumed from {older} at step 2" in messages
+    aside = newest.with_name(f"damaged-{newest.name}")
+    assert aside.is_dir() and (aside / checkpoint.WEIGHTS).stat().st_size == 100
+    assert any("is damaged" in m and str(aside) in m for m in messages)
+
+
+def test_resume_with_only_damaged_checkpoints_is_a_clear_error(tmp_path):
+    cfg = tiny_config(tmp_path, train={"max_steps": 2, "save_every": 2})
+    run_trainer(cfg)
+    for path in checkpoint.step_dirs(cfg.out_dir):
+        (path / checkpoint.TRAINER).write_bytes(b"not a checkpoint")
+    with pytest.raises(TrainError, match="every checkpoint in .* is damaged"):
+        run_trainer(tiny_config(tmp_path, train={"max_steps": 4}), resume=True)
+
+
+def test_kill_9_then_resume_continues_from_the_last_complete_checkpoint(tmp_path):
+    run = run_of(tmp_path)
+    proc = train(tmp_path, "--set=train.save_every=2")
+    proc.wait_for(lambda: checkpoint.step_dirs(run) and last_step(run) >= 5, "checkpoints and progress")
+    proc.p.kill()
+    assert proc.finish() == -signal.SIGKILL
+    last = checkpoint.step_dirs(run)[-1]
+    n = step_of(last)
+    # What a kill in the middle of a save leaves: a half-written temporary directory. Loading ignores it.
+    leftover = run / "checkpoints" / f".{checkpoint.STEP_PREFIX}{n + 2}.tmp-999999"
+    leftover.mkdir(exist_ok=True)
+    (leftover / checkpoint.WEIGHTS).write_bytes(b"\x00" * 10)
+    assert checkpoint.newest(run.parent) == last and checkpoint.step_dirs(run)[-1] == last
+    checkpoint.load(last)
+
+    messages: list[str] = []  # what `tfm train --resume` does, run here from the run's saved config
+    cfg = config.load(run / checkpoint.CONFIG, [f"train.max_steps={n + 2}"])
+    step = run_trainer(cfg, resume=True, log=messages.append).state.step
+    assert f"resumed from {last} at step {n}" in messages and step == n + 2
+    assert any(f"removed {leftover.name}" in m for m in messages)
+    assert not [p.name for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]
