@@ -17,8 +17,8 @@ def make_optimizer(model: torch.nn.Module, t: TrainConfig, device: torch.device,
                    fused: bool | None = None) -> torch.optim.Adam:
     """Adam with the config's betas, eps and weight decay (the schedule sets lr at every update).
 
-    Fused (one kernel for all parameters) on CUDA, and on the CPU where torch has it, unless
-    ``fused`` says otherwise (the benchmarks measure both).
+    Fused (one kernel for all parameters, not a loop per tensor) on CUDA, and on the CPU where torch
+    has it, unless ``fused`` says otherwise; measured by ``python -m bench.levers`` ("fused Adam").
     """
     fused = fused_adam(device) if fused is None else fused
     return torch.optim.Adam(model.parameters(), lr=lr, betas=tuple(t.betas), eps=t.eps, weight_decay=t.weight_decay,
