@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
 from transformer import checkpoint
 from transformer.errors import CheckpointError
 

@@ -115,6 +115,7 @@ class Trainer:
         return self._loop()
 
     def _restore(self, ckpt_dir: Path) -> None:
+        """Weights, optimizer, scaler, RNGs and TrainState as ``ckpt_dir`` saved them."""
         self.model.load_state_dict(checkpoint.load(ckpt_dir, self.device).model.state_dict())
         saved = checkpoint.load_trainer_state(ckpt_dir)
         self.state = train_state.restore(saved, self.optimizer, self.scaler)
@@ -124,6 +125,7 @@ class Trainer:
     # ----- the loop ------------------------------------------------------------------------------------------
 
     def _loop(self) -> Result:
+        """Train under the stop signals' handlers, then finish: the progress bar is closed whatever happens."""
         self.bar = tqdm(total=self.cfg.train.max_steps, initial=self.state.step, disable=self.quiet, file=sys.stderr,
                         dynamic_ncols=True, unit="step")
         self.model.train()
@@ -185,6 +187,7 @@ class Trainer:
         return self._limit_reached() or stop
 
     def _limit_reached(self) -> str | None:
+        """A signal, max_steps or max_minutes, whichever came first; it outranks early stopping in the record."""
         t = self.cfg.train
         if self.signals.signum is not None:
             return "signal"
