@@ -7,7 +7,7 @@ slows both alike; then both translate test_2016_flickr (beam 5 and greedy) and a
 sacreBLEU call. tfm trains through its own Trainer (validation off, so the budget is all training);
 the peer through the plain loop below. Prints a table, the BLEU ratio, and a JSON line.
 
-Run: .venv/bin/python bench/bleu_budget.py --minutes 20 --data ../shared/data/multi30k
+Run: python -m bench.bleu_budget --minutes 20 --data ../shared/data/multi30k
 """
 
 from __future__ import annotations
@@ -16,28 +16,23 @@ import argparse
 import dataclasses
 import json
 import multiprocessing as mp
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from marian_peer import build_marian, marian_logits  # noqa: E402
-from transformer import checkpoint  # noqa: E402
-from transformer.batching import collate, encode_corpus, make_batches, source_tensor  # noqa: E402
-from transformer.config import Config, load  # noqa: E402
-from transformer.corpus import load_split  # noqa: E402
-from transformer.evaluate import score  # noqa: E402
-from transformer.loss import label_smoothed_nll  # noqa: E402
-from transformer.schedule import learning_rate  # noqa: E402
-from transformer.tokenizer import train_tokenizer  # noqa: E402
-from transformer.train import Trainer  # noqa: E402
-from transformer.translator import Translator  # noqa: E402
-
+from bench.common import DEFAULT_DATA, ROOT
+from bench.marian_peer import build_marian, marian_logits
+from transformer import checkpoint
+from transformer.batching import collate, encode_corpus, make_batches, source_tensor
+from transformer.config import Config, load
+from transformer.corpus import load_split
+from transformer.evaluate import score
+from transformer.loss import label_smoothed_nll
+from transformer.schedule import learning_rate
+from transformer.tokenizer import train_tokenizer
+from transformer.train import Trainer
+from transformer.translator import Translator
 
 # The peer's recipe as measured on this machine (issue 4): peak 5e-4 after 200 linear warm-up steps.
 PEER_RECIPE = {"peak_lr": 5e-4, "warmup": 200}
@@ -127,12 +122,12 @@ def side(name: str, cfg: Config, minutes: float, threads: int, n_test: int | Non
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.bleu_budget", description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=20.0)
     parser.add_argument("--threads", type=int, default=1, help="threads per contestant (they run side by side)")
     parser.add_argument("--test-sentences", type=int, default=None, help="score only the first N (smoke runs)")
     parser.add_argument("--config", default=str(ROOT / "configs" / "small.yaml"))
-    parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "multi30k"))
+    parser.add_argument("--data", default=DEFAULT_DATA)
     parser.add_argument("--runs", default=str(ROOT / "runs" / "bench"))
     parser.add_argument("--set", action="append", default=[], help="extra tfm config overrides")
     args = parser.parse_args()

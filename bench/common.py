@@ -11,27 +11,16 @@ import os
 import platform
 import resource
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-# As the tfm command does (cli/main.py): idle OpenMP threads spin briefly, then sleep. Set before torch
-# loads, for torch in this process (tfm and transformers alike; CTranslate2 has its own runtime, see
-# decode_speed). Export OMP_WAIT_POLICY or GOMP_SPINCOUNT to choose otherwise.
-OMP_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
-OMP_DEFAULTED = not any(k in os.environ for k in OMP_KEYS)
-if OMP_DEFAULTED:
-    os.environ["GOMP_SPINCOUNT"] = "10000"
+import torch
+
+from transformer.config import Config, load
+from transformer.process import OMP_KEYS, SHARED_CPU
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-import torch  # noqa: E402
-
-from transformer.config import Config, load  # noqa: E402
-
 DEFAULT_DATA = os.environ.get("TFM_MULTI30K", str(ROOT.parent / "shared" / "data" / "multi30k"))
 
 
@@ -85,7 +74,7 @@ def machine() -> dict[str, object]:
     return {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "python": platform.python_version(), "load_avg_1min": round(os.getloadavg()[0], 2),
             "page_fault_us": round(page_fault_us(), 2),
-            **{k.lower(): os.environ.get(k) for k in OMP_KEYS},
+            **{k.lower(): os.environ.get(k) for k in (*OMP_KEYS, SHARED_CPU)},
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 
 

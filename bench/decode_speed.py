@@ -1,15 +1,16 @@
 """Decoding speed on Multi30k test_2016_flickr: tfm, transformers' ``generate`` and CTranslate2, same weights.
 
 All three run the checkpoint's network: tfm as trained; a same-shape MarianMTModel with tfm's
-tensors copied in (bench/marian_peer.py); CTranslate2 on the model ``tfm export --format
+tensors copied in (bench.marian_peer); CTranslate2 on the model ``tfm export --format
 ctranslate2`` writes. All three use tfm's tokenizer, get the same batches (test sentences sorted
 by length, cut into batches of 1 or 32) and are timed text in, text out. Output tokens are counted
 the same way for all: the tokenizer's tokens of the output text.
 
 Threads: tfm decodes as its Translator does (one CPU thread for batches under 64 rows, else all);
-the peers use torch's thread count (2 here). CTranslate2 loads its own OpenMP runtime with its default
-waiting; transformers shares torch's runtime with tfm, so both run with the short spin this process sets
-(bench/common.py; export OMP_WAIT_POLICY or GOMP_SPINCOUNT to choose another for both).
+the peers use torch's thread count. CTranslate2 loads its own OpenMP runtime with its default waiting;
+transformers shares torch's runtime with tfm, so both wait as the tfm command would make them
+(the bench package: the short spin with TFM_SHARED_CPU=1; export OMP_WAIT_POLICY or GOMP_SPINCOUNT to choose
+another for all three).
 
 Both peers decode up to the batch's longest limit; their outputs are then cut to tfm's per-sentence
 limit (a * source length + b tokens), which greedy search makes exact (a looping sentence ends there).
@@ -29,8 +30,9 @@ from pathlib import Path
 
 import torch
 
-from common import OMP_DEFAULTED, interleave, paired_ratio
-from marian_peer import build_marian, copy_tfm_weights
+from bench import SPIN_SET_HERE
+from bench.common import interleave, paired_ratio
+from bench.marian_peer import build_marian, copy_tfm_weights
 from transformer import checkpoint
 from transformer.batching import source_tensor
 from transformer.evaluate import score
@@ -90,9 +92,9 @@ def _import_ctranslate2():
     """ctranslate2, loaded under OpenMP's default waiting unless the user chose otherwise.
 
     CTranslate2 ships its own libgomp, which reads the environment once, when it loads: so it runs as
-    its users run it, not with the short spin this process set for torch (and tfm).
+    its users run it, not with the short spin the bench package set for torch (and tfm) on a shared CPU.
     """
-    saved = os.environ.pop("GOMP_SPINCOUNT", None) if OMP_DEFAULTED else None
+    saved = os.environ.pop("GOMP_SPINCOUNT", None) if SPIN_SET_HERE else None
     try:
         import ctranslate2
     finally:

@@ -2,11 +2,11 @@
 padding to multiples of 8, the fused loss, cuDNN and flash attention in training, decoding speed (tfm vs
 transformers' generate), torch.compile.
 
-Every system runs on the same GPU in the same process, in alternation (bench/common.py). Training
-steps are those of bench/train_speed.py, each ending with a synchronize; MFU is model FLOPs per
-second (bench/flops.py) over the bf16 (or fp32) matmul peak measured here on 8192 x 8192 operands.
+Every system runs on the same GPU in the same process, in alternation (bench.common). Training
+steps are those of bench.train_speed, each ending with a synchronize; MFU is model FLOPs per
+second (bench.flops) over the bf16 (or fp32) matmul peak measured here on 8192 x 8192 operands.
 
-Run: python bench/gpu.py --checkpoint runs/bench_small/best [--data DIR] [--json PATH] [--sections train,decode]
+Run: python -m bench.gpu --checkpoint runs/bench_small/best [--data DIR] [--json PATH] [--sections train,decode]
 """
 
 from __future__ import annotations
@@ -19,19 +19,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from common import DEFAULT_DATA, interleave, machine, median, paired_ratio, shape_config
+import torch
+from torch import nn
 
-import torch  # noqa: E402  (common set the OpenMP policy first)
-from torch import nn  # noqa: E402
-
-import decode_speed  # noqa: E402
-import train_speed  # noqa: E402
-from flops import matmul_peak, train_flops  # noqa: E402
-from levers import lever_row, without_with  # noqa: E402
-from transformer import checkpoint  # noqa: E402
-from transformer.batching import Batch, EncodedCorpus, collate, encode_corpus, make_batches  # noqa: E402
-from transformer.corpus import load_split  # noqa: E402
-from transformer.tokenizer import Tokenizer, train_tokenizer  # noqa: E402
+from bench import decode_speed, train_speed
+from bench.common import DEFAULT_DATA, interleave, machine, median, paired_ratio, shape_config
+from bench.flops import matmul_peak, train_flops
+from bench.levers import lever_row, without_with
+from transformer import checkpoint
+from transformer.batching import Batch, EncodedCorpus, collate, encode_corpus, make_batches
+from transformer.corpus import load_split
+from transformer.tokenizer import Tokenizer, train_tokenizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -184,7 +182,7 @@ def decode_rows(ckpt: Path, data: str, device: torch.device, sentences: int) -> 
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", type=Path, required=True, help="a trained small checkpoint for decoding")
     p.add_argument("--data", default=DEFAULT_DATA, help="Multi30k folder")
     p.add_argument("--json", type=Path, default=Path("runs/gpu.json"))
@@ -195,7 +193,7 @@ def main() -> None:
     p.add_argument("--shape", default="base", help="the configs/<shape>.yaml model to train")
     args = p.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("bench/gpu.py needs a CUDA GPU; on the CPU run bench/run.py, or pass --device cpu --quick")
+        raise SystemExit("bench.gpu needs a CUDA GPU; on the CPU run python -m bench.run, or pass --device cpu --quick")
     device = torch.device(args.device)
     rounds, sentences = (2, 128) if args.quick else (16, args.decode_sentences)
     cfg = shape_config(args.shape, args.data)

@@ -1,95 +1,98 @@
 """Each speed lever tfm uses, measured alone: the same work without and with it, alternated round by round.
 
-"Without" is what runs when the lever is absent: PyTorch's defaults (OpenMP threads spin-waiting,
-per-tensor Adam, nn.Dropout, whole logits scored by ``label_smoothed_nll``, the flash SDPA kernel in bf16 training) or
-a stand-in written here (copying the whole K/V cache capacity, topk over the whole vocabulary,
-batches in input order, greedy search that keeps finished sentences, no_grad for inference_mode,
-both CPU threads for a single sentence).
-A speedup above 1 means the lever wins; decoding levers also report whether outputs stayed the same.
+"Without" is switched through the library's public API or the environment, never by patching it:
+PyTorch's per-tensor Adam, nn.Dropout in place of kernels.Dropout, whole logits scored by
+``label_smoothed_nll``, glibc's malloc defaults and libgomp's OpenMP defaults (each side a process of
+its own), a K/V cache pool that keeps nothing, batches in input order, and torch's topk and max in place
+of the block-wise kernels. A speedup above 1 means the lever wins; decoding levers also report whether
+outputs stayed the same. A lever that can no longer be switched off is measured once, recorded in
+bench/results/, and left out of this suite.
+
+Run: python -m bench.levers --checkpoint DIR [--data DIR] [--quick] [--sections levers,contended,compile]
 """
 
 from __future__ import annotations
 
-import contextlib
+import argparse
+import copy
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-import transformer.model as model_module
-import transformer.search as search_module
-import transformer.translator as translator_module
-from common import ROOT, interleave, median, paired_ratio
-from decode_speed import tfm_decoder
-from train_speed import model_factory, optimizer, own_processes, tfm_step
+from bench.common import DEFAULT_DATA, ROOT, interleave, median, paired_ratio, shape_config
+from bench.train_speed import bench_batches, model_factory, optimizer, own_processes, tfm_step
 from transformer import checkpoint
 from transformer.batching import Batch, source_tensor
-from transformer.config import Config
-from transformer.decoder_state import BufferPool, DecoderState
-from transformer.model import Dropout
+from transformer.config import Config, DataConfig
+from transformer.corpus import load_split
+from transformer.decoder_state import BufferPool
+from transformer.kernels import Dropout, row_max, row_topk
+from transformer.process import OMP_KEYS, SHARED_CPU
 from transformer.search import beam_search, greedy_search
 from transformer.tokenizer import Tokenizer
 
 
-@contextlib.contextmanager
-def patched(obj: Any, name: str, value: Any) -> Iterator[None]:
-    """Temporarily replace ``obj.name`` (the 'without' side of a lever)."""
-    old = getattr(obj, name)
-    setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        setattr(obj, name, old)
-
-
 def lever_row(lever: str, workload: str, times: dict[str, list[float]], same: bool | None = None) -> dict[str, Any]:
-    """One lever's result: median seconds without and with it, and the paired speedup (bench/gpu.py uses it too)."""
+    """One lever's result: median seconds without and with it, and the paired speedup (bench.gpu uses it too)."""
     row = {"lever": lever, "workload": workload, "without_s": median(times["without"]),
            "with_s": median(times["with"]), "speedup": paired_ratio(times["without"], times["with"])}
     return row if same is None else {**row, "same_output": same}
 
 
-# ----- process-wide: how idle OpenMP threads wait -------------------------------------------------------
+def without_with(without: Callable[[int], None], with_: Callable[[int], None], rounds: int,
+                 warmup: int) -> dict[str, list[float]]:
+    """Seconds per round of both, alternated, the ``warmup`` first rounds left out (bench.gpu uses it too)."""
+    times = interleave({"without": without, "with": with_}, warmup + rounds)
+    return {k: v[warmup:] for k, v in times.items()}
 
-OMP_SETTINGS = {"libgomp default": {}, "tfm: GOMP_SPINCOUNT=10000": {"GOMP_SPINCOUNT": "10000"},
-                "OMP_WAIT_POLICY=PASSIVE": {"OMP_WAIT_POLICY": "PASSIVE"}}
+
+# ----- process-wide: how idle OpenMP threads wait, how many threads decode --------------------------------
+
+PROCESS_SETTINGS = {"libgomp default": {}, "TFM_SHARED_CPU=1": {SHARED_CPU: "1"},
+                    "OMP_WAIT_POLICY=PASSIVE": {"OMP_WAIT_POLICY": "PASSIVE"}}
+WORKLOADS = {"decode_s": "beam 5, batch 32", "single_s": "beam 5, 1 sentence x 8",
+             "train_s": "3 training steps, 1.5k tokens"}
 HOG = "import torch\na = torch.randn(512, 512)\nwhile True:\n    a @ a\n    torch.randn(64, 256).relu().sum()"
 
 
 def omp_waiting(ckpt: str, data: str, rounds: int, hogs: int = 0) -> list[dict[str, Any]]:
-    """bench/omp_worker.py in fresh processes under each OMP_SETTINGS entry, alternated.
+    """bench.omp_worker in fresh processes under each PROCESS_SETTINGS entry, alternated.
 
     With ``hogs``, that many other torch processes (2 threads, libgomp's default) keep the CPU busy
     meanwhile, as other people's jobs do on a shared machine.
     """
-    clean = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    clean = {k: v for k, v in os.environ.items() if k not in (*OMP_KEYS, SHARED_CPU)}
     busy = [subprocess.Popen([sys.executable, "-c", HOG], env=clean) for _ in range(hogs)]
-    results: dict[str, list[dict[str, float]]] = {name: [] for name in OMP_SETTINGS}
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in PROCESS_SETTINGS}
     try:
         def worker(name: str) -> Callable[[int], float]:
             def run(_: int) -> float:
-                out = subprocess.run([sys.executable, str(ROOT / "bench" / "omp_worker.py"), ckpt, data],
-                                     env={**clean, **OMP_SETTINGS[name]}, check=True, capture_output=True, text=True)
+                out = subprocess.run([sys.executable, "-m", "bench.omp_worker", ckpt, data], cwd=ROOT,
+                                     env={**clean, **PROCESS_SETTINGS[name]}, check=True, capture_output=True,
+                                     text=True)
                 results[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
                 return 0.0
             return run
 
-        interleave({name: worker(name) for name in OMP_SETTINGS}, rounds)
+        interleave({name: worker(name) for name in PROCESS_SETTINGS}, rounds)
     finally:
         for p in busy:
             p.kill()
             p.wait()
     where = f"{hogs} busy torch processes" if hogs else "no added load"
     rows = []
-    for key, work in (("decode_s", "beam 5, batch 32"), ("train_s", "3 training steps, 1.5k tokens")):
+    for key, work in WORKLOADS.items():
         base = [x[key] for x in results["libgomp default"]]
-        for name in list(OMP_SETTINGS)[1:]:
+        for name in list(PROCESS_SETTINGS)[1:]:
             times = {"without": base, "with": [x[key] for x in results[name]]}
             rows.append(lever_row(f"{name} (vs libgomp default)", f"{work}; {where}", times))
     return rows
@@ -97,63 +100,31 @@ def omp_waiting(ckpt: str, data: str, rounds: int, hogs: int = 0) -> list[dict[s
 
 # ----- training ---------------------------------------------------------------------------------------------
 
-def _plain_dropout(model: nn.Module) -> nn.Module:
-    for m in model.modules():
-        if isinstance(m, Dropout):
-            m.__class__ = nn.Dropout
+def plain_dropout(model: nn.Module) -> nn.Module:
+    """``model`` with torch's nn.Dropout in place of every kernels.Dropout."""
+    for module in list(model.modules()):
+        for name, child in module.named_children():
+            if isinstance(child, Dropout):
+                setattr(module, name, nn.Dropout(child.p))
     return model
-
-
-def _patched_step(step: Callable[[int], None], obj: Any, name: str, value: Any) -> Callable[[int], None]:
-    """``step`` run with ``obj.name`` replaced by ``value``: the step without a lever."""
-    def run(r: int) -> None:
-        with patched(obj, name, value):
-            step(r)
-    return run
-
-
-def without_with(without: Callable[[int], None], with_: Callable[[int], None], rounds: int,
-                 warmup: int) -> dict[str, list[float]]:
-    """Seconds per round of both, alternated, the ``warmup`` first rounds left out (bench/gpu.py uses it too)."""
-    times = interleave({"without": without, "with": with_}, warmup + rounds)
-    return {k: v[warmup:] for k, v in times.items()}
 
 
 def training(cfg: Config, tok: Tokenizer, batches: list[Batch], rounds: int, warmup: int = 1) -> list[dict[str, Any]]:
     """Whole training steps of ``cfg``'s shape on the bench batches, one lever toggled at a time."""
     model = model_factory(cfg, tok)
 
-    def with_lever(precision: str = "fp32") -> Callable[[int], None]:
-        m = model()
-        return tfm_step(m, optimizer(m, cfg), batches, precision, cfg)
+    def step(m: nn.Module, fused_adam: bool | None = None, fused_loss: bool = True) -> Callable[[int], None]:
+        return tfm_step(m, optimizer(m, cfg, fused=fused_adam), batches, "fp32", cfg, fused_loss=fused_loss)
 
-    cases: list[tuple[str, str, Callable[[int], None], Callable[[int], None]]] = []
-    m = model()
-    cases.append(("fused Adam (CPU)", "fp32", tfm_step(m, optimizer(m, cfg, fused=False), batches, "fp32", cfg),
-                  with_lever()))
-    m = model()
-    cases.append(("generator and loss fused, 128 rows at a time", "fp32",
-                  tfm_step(m, optimizer(m, cfg), batches, "fp32", cfg, fused_loss=False), with_lever()))
-    m = _plain_dropout(model())
-    cases.append(("CPU dropout, 4 masks per random int64", "fp32", tfm_step(m, optimizer(m, cfg), batches, "fp32", cfg),
-                  with_lever()))
-    m = model()
-    cases.append(("no source masks for a batch without source padding", "fp32",
-                  _patched_step(tfm_step(m, optimizer(m, cfg), batches, "fp32", cfg), model_module, "source_masks",
-                                model_module.safe_mask), with_lever()))
-    m = model()
-    cases.append(("math SDPA for bf16 training", "bf16",
-                  _patched_step(tfm_step(m, optimizer(m, cfg), batches, "bf16", cfg), model_module, "sdpa_kernel",
-                                lambda *_: contextlib.nullcontext()), with_lever("bf16")))
-    rows = []
-    for lever, precision, without, with_ in cases:
-        times = without_with(without, with_, rounds, warmup)
-        rows.append(lever_row(lever, f"{cfg.name} training step, {precision}", times))
-    return rows
+    cases = [("fused Adam (CPU)", step(model(), fused_adam=False)),
+             ("generator and loss fused, 128 rows at a time", step(model(), fused_loss=False)),
+             ("CPU dropout, 4 masks per random int64", step(plain_dropout(model())))]
+    return [lever_row(lever, f"{cfg.name} training step, fp32", without_with(without, step(model()), rounds, warmup))
+            for lever, without in cases]
 
 
 def freed_memory(cfg: Config, tok: Tokenizer, batches: list[Batch], rounds: int, warmup: int = 2) -> dict[str, Any]:
-    """glibc keeping freed memory (transformer/allocator.py): a process-wide setting, so each side has a process."""
+    """glibc keeping freed memory (transformer.process.keep_freed_memory): process-wide, so each side has a process."""
     workers = {"without": ["tfm", "--glibc-defaults"], "with": ["tfm"]}
     with own_processes(cfg, tok, batches, "fp32", workers) as steps:
         times = without_with(steps["without"], steps["with"], rounds, warmup)
@@ -178,39 +149,55 @@ def compiled(cfg: Config, tok: Tokenizer, batches: list[Batch], rounds: int) -> 
 
 # ----- decoding ---------------------------------------------------------------------------------------------
 
-def _full_copy_select(self: DecoderState, index: Tensor, beam: int | None = None) -> None:
-    """DecoderState.select as it was: index_select over the whole cache capacity."""
-    self.self_kv = self.self_kv.index_select(0, index)
-    width, self.beam = self.beam, beam or self.beam
-    sentences = index[:: self.beam] // width
-    if self.beam == 1 or sentences.numel() != self.cross_kv.size(0):
-        self.cross_kv = self.cross_kv.index_select(0, sentences)
-        self.src_mask = self.src_mask.index_select(0, sentences)
+def repeated(f: Callable[[Tensor], tuple[Tensor, Tensor]], x: Tensor, calls: int) -> Callable[[int], None]:
+    """A round of ``calls`` calls f(x)."""
+    def run(_: int) -> None:
+        for _ in range(calls):
+            f(x)
+    return run
 
 
-def _keep_finished_greedy(model: nn.Module, src: Tensor, start_id: int, end_id: int) -> list[list[int]]:
-    """Greedy search that decodes every sentence until the last one ends (no rows dropped), as generate does."""
-    model.eval()
+def search_kernels(loaded: checkpoint.Loaded, lines: list[str], rounds: int, calls: int = 200) -> list[dict[str, Any]]:
+    """The block-wise top-k and argmax of transformer.kernels against torch's topk and max, ``calls`` calls a round.
+
+    On the checkpoint's own next-token log-probs (its first 8 greedy steps over 32 test sentences), in
+    the shapes search scores them: beam 5 over 32 sentences takes the top 10 of 160 rows, greedy search
+    at ``tfm translate``'s default batch the best of 256 rows.
+    """
+    tok, model = loaded.tokenizer, loaded.model.eval()
+    src = source_tensor(tok.encode_batch(lines[:32]), tok)
+    steps = []
     with torch.inference_mode():
         state = model.start_state(*model.encode(src))
-        limits = search_module.max_output_lengths((src != model.pad_id).sum(1), 1.0, 50)
-        tokens = src.new_full((src.size(0),), start_id)
-        out, done = [], torch.zeros(src.size(0), dtype=torch.bool)
-        for t in range(int(limits.max()) + 1):
-            logits = model.decode_step(tokens, state)
-            logits[:, [model.pad_id, start_id]] = float("-inf")
-            tokens = logits.argmax(-1).masked_fill(t >= limits, end_id).masked_fill(done, model.pad_id)
-            out.append(tokens)
-            done |= tokens == end_id
-            if done.all():
-                break
-    rows = torch.stack(out, 1).tolist()
-    return [r[: r.index(end_id)] if end_id in r else r for r in rows]
+        tokens = src.new_full((src.size(0),), tok.start_id)
+        for _ in range(8):
+            steps.append(F.log_softmax(model.decode_step(tokens, state), dim=-1))
+            tokens = steps[-1].argmax(-1)
+    lprobs = torch.cat(steps)
+    cases = [("top-k by block maxima (kernels.row_topk)", "top 10 of [160, V] log-probs", lprobs[:160],
+              lambda x: x.topk(10, dim=1), lambda x: row_topk(x, 10)),
+             ("argmax by block maxima (kernels.row_max)", "best of [256, V] log-probs", lprobs[:256],
+              lambda x: x.max(dim=1, keepdim=True), row_max)]
+    rows = []
+    for lever, work, x, without, with_ in cases:
+        same = all(torch.equal(a, b) for a, b in zip(without(x), with_(x)))
+        times = without_with(repeated(without, x, calls), repeated(with_, x, calls), rounds, 1)
+        rows.append(lever_row(lever, f"{work}, {calls} calls", times, same))
+    return rows
+
+
+def recording(f: Callable[[int], Any], outputs: dict[int, Any]) -> Callable[[int], None]:
+    """f, keeping the output of round r in ``outputs[r]``."""
+    def run(r: int) -> None:
+        outputs[r] = f(r)
+    return run
 
 
 def decoding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[dict[str, Any]]:
     """Search over the test set's sentences in batches of 32, one lever toggled at a time."""
     tok, model = loaded.tokenizer, loaded.model.eval()
+    unpooled = copy.deepcopy(model)
+    unpooled.kv_pool = BufferPool(keep=0)
     ids = tok.encode_batch(lines)
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     sorted_batches = [source_tensor([ids[i] for i in order[k:k + 32]], tok) for k in range(0, len(ids), 32)]
@@ -219,51 +206,8 @@ def decoding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[d
     picks = list(range(0, len(sorted_batches), step))[:rounds]  # spread over short and long sentences
     s, e = tok.start_id, tok.end_id
 
-    def beam(r: int, alpha: float = 0.6) -> list[list[int]]:
-        return [h[0].tokens for h in beam_search(model, sorted_batches[picks[r]], s, e, beam=5, alpha=alpha)]
-
-    def greedy(batches: list[Tensor]) -> Callable[[int], list[list[int]]]:
-        return lambda r: [h.tokens for h in greedy_search(model, batches[picks[r]], s, e)]
-
-    def without_topk(r: int) -> list[list[int]]:
-        with patched(search_module, "row_topk", lambda x, m: x.topk(m, dim=1)):
-            return beam(r)
-
-    wide = [source_tensor([ids[i] for i in order[k:k + 256]], tok) for k in range(0, len(ids), 256)]
-
-    def greedy_wide(r: int) -> list[list[int]]:
-        """256 sentences a batch, about what tfm translate's default 4,096-token batches hold."""
-        return [h.tokens for h in greedy_search(model, wide[r % len(wide)], s, e)]
-
-    def without_row_max(r: int) -> list[list[int]]:
-        with patched(search_module, "row_max", lambda x: x.max(dim=1, keepdim=True)):
-            return greedy_wide(r)
-
-    def without_prefix(r: int) -> list[list[int]]:
-        with patched(DecoderState, "select", _full_copy_select):
-            return beam(r)
-
-    def without_pool(r: int) -> list[list[int]]:
-        with patched(model, "kv_pool", BufferPool(keep=0)):
-            return beam(r)
-
-    def without_settled(r: int) -> list[list[int]]:
-        with patched(search_module._Search, "settled", lambda *_: False):
-            return beam(r, alpha=0.0)
-
-    translate = tfm_decoder(loaded)
-
-    def one_sentence(r: int) -> list[list[str]]:
-        """Eight single-sentence translations (one alone is too short to time on a shared machine)."""
-        return [translate([lines[(picks[r] + i) % len(lines)]], 5) for i in range(8)]
-
-    def one_sentence_two_threads(r: int) -> list[list[str]]:
-        with patched(translator_module, "decoding_threads", lambda *_: contextlib.nullcontext()):
-            return one_sentence(r)
-
-    def without_inference_mode(r: int) -> list[list[int]]:
-        with patched(torch, "inference_mode", torch.no_grad):
-            return greedy(sorted_batches)(r)
+    def beam(m: nn.Module) -> Callable[[int], list[list[int]]]:
+        return lambda r: [h[0].tokens for h in beam_search(m, sorted_batches[picks[r]], s, e, beam=5)]
 
     def chunk_batches(r: int, sort: bool) -> list[Tensor]:
         chunk = sorted(chunks[r], key=len) if sort else chunks[r]
@@ -272,27 +216,62 @@ def decoding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[d
     def by_chunk(sort: bool) -> Callable[[int], list[list[int]]]:
         return lambda r: sorted(h.tokens for b in chunk_batches(r, sort) for h in greedy_search(model, b, s, e))
 
-    cases = [("K/V cache: reorder only the filled positions", "beam 5, batch 32", without_prefix, beam),
-             ("K/V cache memory reused from batch to batch", "beam 5, batch 32", without_pool, beam),
-             ("a sentence leaves once no live beam can win", "beam 5, batch 32, alpha 0", without_settled,
-              lambda r: beam(r, alpha=0.0)),
-             ("top-k by block maxima", "beam 5, batch 32", without_topk, beam),
-             ("argmax by block maxima", "greedy, batch 256", without_row_max, greedy_wide),
-             ("inference_mode (vs no_grad)", "greedy, batch 32", without_inference_mode, greedy(sorted_batches)),
-             ("drop finished sentences", "greedy, batch 32",
-              lambda r: _keep_finished_greedy(model, sorted_batches[picks[r]], s, e), greedy(sorted_batches)),
-             ("sort by length before batching", "greedy, batch 32", by_chunk(False), by_chunk(True)),
-             ("one CPU thread below 64 rows", "beam 5, 1 sentence x 8", one_sentence_two_threads, one_sentence)]
+    cases = [("K/V cache memory reused from batch to batch", "beam 5, batch 32", beam(unpooled), beam(model),
+              len(picks)),
+             ("sort by length before batching", "greedy, batch 32", by_chunk(False), by_chunk(True), len(chunks))]
     rows = []
-    for lever, work, without, with_ in cases:
+    for lever, work, without, with_, count in cases:
         outs: dict[str, dict[int, Any]] = {"without": {}, "with": {}}
-
-        def keep(side: str, f: Callable[[int], Any]) -> Callable[[int], None]:
-            def run(r: int) -> None:
-                outs[side][r] = f(r)
-            return run
-
-        times = interleave({"without": keep("without", without), "with": keep("with", with_)},
-                           len(chunks) if lever.startswith("sort") else len(picks))
+        times = interleave({"without": recording(without, outs["without"]), "with": recording(with_, outs["with"])},
+                           count)
         rows.append(lever_row(lever, work, times, outs["without"] == outs["with"]))
     return rows
+
+
+def measure(loaded: checkpoint.Loaded, data: str, lines: list[str], quick: bool, cache: str) -> list[dict[str, Any]]:
+    """Every lever above but torch.compile, on the small shape's training batches and the test set's lines."""
+    rounds = 4 if quick else 8
+    cfg = shape_config("small", data)
+    batches = bench_batches(cfg, loaded.tokenizer, 8, cache)
+    return (omp_waiting(str(loaded.path), data, 2 if quick else 4)
+            + training(cfg, loaded.tokenizer, batches, rounds)
+            + [freed_memory(cfg, loaded.tokenizer, batches, 3 * rounds)]
+            + search_kernels(loaded, lines, rounds)
+            + decoding(loaded, lines, rounds))
+
+
+def row_line(r: dict[str, Any]) -> str:
+    """One lever as a table line: with and without (median seconds), the speedup, the workload."""
+    note = "" if "same_output" not in r else (" same output" if r["same_output"] else " OUTPUT DIFFERS")
+    if "first_compiled_step_s" in r:
+        note += f", first step {r['first_compiled_step_s']:.0f} s"
+    return (f"{'lever: ' + r['lever']:<60} {r['with_s']:>10.3f} {r['without_s']:>10.3f} {r['speedup']:>6.2f}x "
+            f"{r['workload']}{note}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.levers", description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", type=Path, required=True, help="a trained small checkpoint")
+    parser.add_argument("--data", default=DEFAULT_DATA, help="Multi30k folder")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds")
+    parser.add_argument("--sections", default="levers", help="any of levers,contended,compile")
+    parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "bench", help="scratch folder (token cache)")
+    args = parser.parse_args()
+    sections = set(args.sections.split(","))
+    loaded = checkpoint.load(args.checkpoint)
+    lines = list(load_split(DataConfig(format="multi30k", path=args.data), "test_2016_flickr").src)
+    rows = []
+    if "levers" in sections:
+        rows += measure(loaded, args.data, lines, args.quick, str(args.runs / ".cache"))
+    if "contended" in sections:
+        rows += omp_waiting(str(args.checkpoint), args.data, 2 if args.quick else 4, 3)
+    if "compile" in sections:
+        cfg = shape_config("small", args.data)
+        batches = bench_batches(cfg, loaded.tokenizer, 8, str(args.runs / ".cache"))
+        rows.append(compiled(cfg, loaded.tokenizer, batches, 4 if args.quick else 8))
+    print(f"{'':<60} {'with s':>10} {'without s':>10} {'speedup':>7}")
+    print("\n".join(row_line(r) for r in rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,10 +1,11 @@
-"""A fixed piece of tfm work, timed in a fresh process so that its OpenMP settings come from the environment.
+"""A fixed piece of tfm work, timed in a fresh process so that the process-wide settings come from its environment.
 
-bench/levers.py runs it under libgomp's default waiting, the short spin the ``tfm`` command sets
-(GOMP_SPINCOUNT=10000) and OMP_WAIT_POLICY=PASSIVE. It must not import bench/common.py, which sets
-the spin count. Prints one JSON line:
-seconds for beam-5 search of a batch of 32 sentences, and for training steps of 1,500 tokens.
-Run: python bench/omp_worker.py CHECKPOINT DATA_DIR
+bench.levers runs it under libgomp's defaults, ``TFM_SHARED_CPU=1`` (the short OpenMP spin and one
+thread for small decoding batches, transformer/process.py) and ``OMP_WAIT_POLICY=PASSIVE``. Importing
+the bench package applies them as the tfm command does, before torch loads. Prints one JSON line of
+seconds: beam-5 search of a batch of 32 sentences, 8 single sentences translated one at a time
+(beam 5), and training steps of 1,500 tokens.
+Run: python -m bench.omp_worker CHECKPOINT DATA_DIR
 """
 
 from __future__ import annotations
@@ -15,15 +16,14 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import torch  # noqa: E402
-
-from transformer import checkpoint  # noqa: E402
-from transformer.batching import collate, encode_corpus, make_batches, source_tensor  # noqa: E402
-from transformer.corpus import load_split  # noqa: E402
-from transformer.loss import label_smoothed_nll  # noqa: E402
-from transformer.search import beam_search  # noqa: E402
+from transformer import checkpoint
+from transformer.batching import collate, encode_corpus, make_batches, source_tensor
+from transformer.corpus import load_split
+from transformer.loss import label_smoothed_nll
+from transformer.search import beam_search
+from transformer.translator import Translator
 
 SENTENCES = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "Eine Frau liest ein Buch im Park.",
              "Kinder spielen Fußball auf einer Wiese."] * 8
@@ -37,6 +37,12 @@ def main(ckpt: str, data: str) -> None:
     start = time.perf_counter()
     beam_search(model, src, tok.start_id, tok.end_id, beam=5)
     decode_s = time.perf_counter() - start
+
+    translator = Translator(model, tok, loaded.cfg.decode, loaded.cfg.model.max_positions, torch.device("cpu"))
+    start = time.perf_counter()
+    for line in SENTENCES[:8]:
+        translator.translate_chunk([line], beam=5)
+    single_s = time.perf_counter() - start
 
     cfg = loaded.cfg
     cfg.data.path = data
@@ -53,7 +59,7 @@ def main(ckpt: str, data: str) -> None:
         opt.step()
         opt.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - start)
-    print(json.dumps({"decode_s": decode_s, "train_s": sum(times[1:])}))
+    print(json.dumps({"decode_s": decode_s, "single_s": single_s, "train_s": sum(times[1:])}))
 
 
 if __name__ == "__main__":

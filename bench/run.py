@@ -1,19 +1,19 @@
 """The benchmark suite: tfm against its peers, measured side by side in one run; prints a table, writes JSON.
 
 Sections (all by default, or pick with --sections):
-  train    training throughput, tfm vs a same-shape MarianMTModel (bench/train_speed.py), small and base
+  train    training throughput, tfm vs a same-shape MarianMTModel (bench.train_speed), small and base
            shapes, fp32 and bf16 autocast, MFU against matmul peaks measured in this run; each system in
-           a process of its own (--same-process: both in this one, the method before 2026-11-26)
-  decode   tfm vs transformers' generate vs CTranslate2 on tfm's weights (bench/decode_speed.py)
-  startup  wall-clock and CPU seconds of `tfm --help` and `tfm translate "..."` (bench/startup.py)
+           a process of its own (--same-process: both in this one)
+  decode   tfm vs transformers' generate vs CTranslate2 on tfm's weights (bench.decode_speed)
+  startup  wall-clock and CPU seconds of `tfm --help` and `tfm translate "..."` (bench.startup)
   memory   peak RSS of `tfm translate` on 1,000 test lines, and on 10,000 streamed lines
-  levers   each speed-up measured alone, without and with it (bench/levers.py)
-  contended  the OpenMP waiting lever again while 3 other torch processes keep the CPU busy
+  levers   each speed-up measured alone, without and with it (bench.levers)
+  contended  the process-wide levers again while 3 other torch processes keep the CPU busy
   compile  torch.compile against eager training (not in the default: compiling takes minutes)
 Decoding needs a trained model: pass --checkpoint, or a small one is trained first for --train-minutes.
 --quick: fewer rounds, the small shape only, 3,000 lines for the memory test.
 
-Run: .venv/bin/python bench/run.py [--quick] [--checkpoint DIR] [--data DIR] [--json PATH]
+Run: python -m bench.run [--quick] [--checkpoint DIR] [--data DIR] [--json PATH]
 """
 
 from __future__ import annotations
@@ -27,18 +27,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import DEFAULT_DATA, ROOT, machine, shape_config
+import torch
 
-import torch  # noqa: E402  (common set the OpenMP policy first)
-
-import decode_speed  # noqa: E402
-import levers  # noqa: E402
-import startup  # noqa: E402
-import train_speed  # noqa: E402
-from flops import matmul_peak  # noqa: E402
-from transformer import checkpoint  # noqa: E402
-from transformer.config import DataConfig  # noqa: E402
-from transformer.corpus import load_split  # noqa: E402
+from bench import decode_speed, levers, startup, train_speed
+from bench.common import DEFAULT_DATA, ROOT, machine, shape_config
+from bench.flops import matmul_peak
+from transformer import checkpoint
+from transformer.config import DataConfig
+from transformer.corpus import load_split
 
 TARGETS = {"train_vs_marian": 1.3, "bf16_vs_fp32": 1.5, "decode_vs_generate": 2.0, "ct2_vs_tfm": 1.5,
            "bleu_gap": 0.2, "help_s": 1.0, "translate_s": 3.0, "rss_growth": 1.1}
@@ -185,16 +181,12 @@ def table(result: dict[str, Any]) -> str:
         add(f"{'peak RSS MB, 1,000 vs ' + big[0][4:] + ' lines (growth)':<60} {small:>10.0f} {large:>10.0f} "
             f"{large / small:>6.2f}x {'<=' + str(t['rss_growth']):>8} {_met(large / small <= t['rss_growth']):>4}")
     for r in result.get("levers", []):
-        same = "" if "same_output" not in r else (" same output" if r["same_output"] else " OUTPUT DIFFERS")
-        if "first_compiled_step_s" in r:
-            same += f", first step {r['first_compiled_step_s']:.0f} s"
-        add(f"{'lever: ' + r['lever']:<60} {r['with_s']:>10.3f} {r['without_s']:>10.3f} {r['speedup']:>6.2f}x "
-            f"{r['workload']}{same}")
+        add(levers.row_line(r))
     return "\n".join(lines)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds, small shape only")
     parser.add_argument("--checkpoint", type=Path, help="a trained small checkpoint for decoding")
     parser.add_argument("--train-minutes", type=float, default=20.0, help="when no --checkpoint is given")
@@ -203,7 +195,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="where to write the results (default: <runs>/results.json)")
     parser.add_argument("--sections", default="train,decode,startup,memory,levers,contended")
     parser.add_argument("--same-process", action="store_true",
-                        help="train section: tfm and Marian in this one process (the method before 2026-11-26)")
+                        help="train section: tfm and Marian in this one process, not each in its own")
     args = parser.parse_args()
     sections = set(args.sections.split(","))
     args.runs.mkdir(parents=True, exist_ok=True)
@@ -221,13 +213,7 @@ def main() -> None:
     if sections & {"startup", "memory"}:
         result["startup_memory"] = run_startup_memory(args, ckpt, sections)
     if "levers" in sections:
-        rounds = 4 if args.quick else 8
-        cfg = shape_config("small", args.data)
-        batches = train_speed.bench_batches(cfg, loaded.tokenizer, 8, str(args.runs / ".cache"))
-        result["levers"] = (levers.omp_waiting(str(ckpt), args.data, 2 if args.quick else 4)
-                            + levers.training(cfg, loaded.tokenizer, batches, rounds)
-                            + [levers.freed_memory(cfg, loaded.tokenizer, batches, 3 * rounds)]
-                            + levers.decoding(loaded, lines, rounds))
+        result["levers"] = levers.measure(loaded, args.data, lines, args.quick, str(args.runs / ".cache"))
     if "contended" in sections:
         result.setdefault("levers", []).extend(levers.omp_waiting(str(ckpt), args.data, 2 if args.quick else 4, 3))
     if "compile" in sections:

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import ROOT, median
+from bench.common import ROOT, median
 
 SENTENCE = "Ein Mann fährt Fahrrad."
 

@@ -5,8 +5,8 @@ Adam (0.9, 0.98, 1e-9) and zero_grad, in train mode with dropout 0.1. Both syste
 collated Multi30k batches of ~4,000 tokens and the same optimizer (fused Adam where torch has it, as
 tfm's Trainer uses). The loss is each system's own: tfm's ``generator_loss`` (as its Trainer); for the peer,
 PyTorch's ``F.cross_entropy(label_smoothing=0.1)``, what a transformers user writes. Steps alternate
-tfm/peer; the first ``warmup`` rounds are dropped; figures are medians over the rest. bench/run.py runs
-each system in a process of its own, as users do (``own_processes``); bench/gpu.py runs both in one.
+tfm/peer; the first ``warmup`` rounds are dropped; figures are medians over the rest. bench.run runs
+each system in a process of its own, as users do (``own_processes``); bench.gpu runs both in one.
 """
 
 from __future__ import annotations
@@ -22,20 +22,20 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from common import interleave, median, paired_ratio
-from flops import train_flops
-from marian_peer import build_marian, marian_logits
+from bench.common import ROOT, interleave, median, paired_ratio
+from bench.flops import train_flops
+from bench.marian_peer import build_marian, marian_logits
 from transformer.batching import Batch, collate, encode_corpus, make_batches
 from transformer.config import Config
 from transformer.corpus import load_split
-from transformer.device import autocast, shape_changing_attention, training_attention
+from transformer.device import autocast
+from transformer.kernels import shape_changing_attention, training_attention
 from transformer.loss import generator_loss, label_smoothed_nll
 from transformer.model import build_model
 from transformer.tokenizer import Tokenizer
-from transformer.train import make_optimizer
+from transformer.schedule import make_optimizer
 
 CPU = torch.device("cpu")
-WORKER = Path(__file__).resolve().parent / "train_worker.py"
 
 
 @dataclass
@@ -148,18 +148,18 @@ def build(name: str, cfg: Config, tok: Tokenizer, batches: list[Batch], precisio
 @contextmanager
 def own_processes(cfg: Config, tok: Tokenizer, batches: list[Batch], precision: str,
                   workers: dict[str, list[str]] | None = None) -> Iterator[dict[str, Callable[[int], float]]]:
-    """Training steps in worker processes of their own (bench/train_worker.py); calls return the step's seconds.
+    """Training steps in worker processes of their own (bench.train_worker); calls return the step's seconds.
 
     As users run them: each system alone in a process, tfm's set up as ``tfm train`` sets it up (it
-    keeps freed memory, transformer/allocator.py). ``workers`` maps a label to bench/train_worker.py's
+    keeps freed memory, transformer.process). ``workers`` maps a label to bench.train_worker's
     arguments after the spec; by default tfm and Marian.
     """
     workers = workers or {name: [name] for name in SYSTEMS}
     with tempfile.TemporaryDirectory() as tmp:
         spec = Path(tmp) / "spec.pt"
         torch.save({"cfg": cfg, "tok": tok, "batches": batches, "precision": precision}, spec)
-        procs = {label: subprocess.Popen([sys.executable, str(WORKER), args[0], str(spec), *args[1:]],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        procs = {label: subprocess.Popen([sys.executable, "-m", "bench.train_worker", args[0], str(spec), *args[1:]],
+                                         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
                  for label, args in workers.items()}
         try:
             for w in procs.values():

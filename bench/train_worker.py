@@ -1,10 +1,11 @@
-"""One system's training steps in a process of its own, driven by bench/train_speed.py's ``own_processes``.
+"""One system's training steps in a process of its own, driven by bench.train_speed's ``own_processes``.
 
 Loads the spec that ``own_processes`` saved (config, tokenizer, batches, precision), builds system
 NAME's step (``train_speed.build``), prints "ready", then answers each line "r" on stdin with the
-seconds that step r took, until stdin closes. tfm's process keeps freed memory as ``tfm train``'s
-does (transformer/allocator.py), unless --glibc-defaults.
-Run: python bench/train_worker.py NAME SPEC [--glibc-defaults]
+seconds that step r took, until stdin closes. Importing the bench package sets OpenMP's waiting as in
+the parent; tfm's process keeps freed memory as ``tfm train``'s does (transformer.process), unless
+--glibc-defaults.
+Run: python -m bench.train_worker NAME SPEC [--glibc-defaults]
 """
 
 from __future__ import annotations
@@ -12,12 +13,10 @@ from __future__ import annotations
 import sys
 import time
 
-import common  # noqa: F401  (sets the OpenMP policy before torch loads, as in the parent)
+import torch
 
-import torch  # noqa: E402
-
-import train_speed  # noqa: E402
-from transformer.allocator import keep_freed_memory  # noqa: E402
+from bench import train_speed
+from transformer.process import keep_freed_memory
 
 
 def main(name: str, spec_path: str, *flags: str) -> None:
