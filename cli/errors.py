@@ -21,13 +21,19 @@ def fail(message: str, code: int = 2) -> NoReturn:
 def user_errors() -> Iterator[None]:
     """Catch UserError (config, data, checkpoint, translation, eval) and exit 2 with its message.
 
-    Ctrl-C outside the places that handle it themselves (loading data, a model, a tokenizer) exits
-    130 with one line instead of click's "Aborted!" and exit code 1.
+    A file-system error about a path (a folder that cannot be made, a read-only file system) is one
+    line too, where no code closer to it said more. Ctrl-C outside the places that handle it
+    themselves (loading data, a model, a tokenizer) exits 130 with one line instead of click's
+    "Aborted!" and exit code 1.
     """
     try:
         yield
     except UserError as e:
         fail(str(e))
+    except OSError as e:
+        if e.filename is None:  # not about a path the user gave: a bug, keep its traceback
+            raise
+        fail(f"{e.strerror or e}: '{e.filename}'; check the path, its permissions and the free space")
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         raise typer.Exit(130) from None

@@ -1,4 +1,4 @@
-"""``tfm eval``: translate a test set (or read hypotheses), score with sacrebleu, save beside the checkpoint."""
+"""``tfm eval``: translate a test set (or read hypotheses), print sacreBLEU and chrF, then save the report."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 from cli.errors import fail
+from cli.guards import check_beam, check_folder, check_input, write_failed
 
 
 def _read(path: Path) -> list[str]:
-    if not path.is_file():
-        fail(f"file '{path}' not found; pass an existing file with one sentence per line")
+    check_input(path, "file")
     try:
         return path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as e:
@@ -18,20 +18,31 @@ def _read(path: Path) -> list[str]:
         fail(f"{path} line {line}: invalid UTF-8; re-encode the file as UTF-8")
 
 
+def _print_scores(scores) -> None:
+    print(f"BLEU = {scores.bleu:.2f}  {scores.bleu_signature}\nchrF = {scores.chrf:.2f}  {scores.chrf_signature}",
+          flush=True)
+
+
 def run_eval(checkpoint: Path | None, split: str | None, src: Path | None, ref: Path | None, hyp: Path | None,
-             beam: int | None, data_dir: str | None, device: str, precision: str, runs: Path) -> None:
-    """Print BLEU with its signature and chrF; write hypotheses and scores JSON beside the checkpoint."""
+             beam: int | None, data_dir: str | None, device: str, precision: str, runs: Path,
+             output_dir: Path | None = None) -> None:
+    """Print BLEU with its signature and chrF; write hypotheses and scores JSON to ``output_dir`` (default: the
+    checkpoint's eval/). The scores are printed before anything is written, so a failed write loses no result."""
     from transformer import checkpoint as ckpt
+    from transformer.errors import DataError
     from transformer.evaluate import score
 
     if hyp is not None:
         if ref is None:
             fail("--hyp needs --ref")
+        if src is not None:
+            fail("--hyp scores an existing file and --src translates one; give one of them")
         cfg = ckpt.read_config(checkpoint) if checkpoint is not None else None
         lang = cfg.data.tgt_lang if cfg else "en"
-        scores = score(_read(hyp), _read(ref), lang, cfg.decode.bleu_tokenize if cfg else None)
-        print(f"BLEU = {scores.bleu:.2f}  {scores.bleu_signature}\nchrF = {scores.chrf:.2f}  {scores.chrf_signature}")
+        _print_scores(score(_read(hyp), _read(ref), lang, cfg.decode.bleu_tokenize if cfg else None))
         return
+    if output_dir is not None:
+        check_folder(output_dir if output_dir.exists() else output_dir.parent, "--output-dir")
     from transformer.corpus import load_split
     from transformer.device import check_precision, resolve_device
     from transformer.translator import Translator
@@ -41,6 +52,7 @@ def run_eval(checkpoint: Path | None, split: str | None, src: Path | None, ref: 
     path = checkpoint or ckpt.newest(runs)
     loaded = ckpt.load(path, dev)
     cfg = loaded.cfg
+    check_beam(beam, loaded.tokenizer.vocab_size)
     if src is not None and ref is not None:
         sources, references, name = _read(src), _read(ref), src.name
         if len(sources) != len(references):
@@ -49,16 +61,23 @@ def run_eval(checkpoint: Path | None, split: str | None, src: Path | None, ref: 
         if data_dir:
             cfg.data.path = data_dir
         name = split or cfg.data.test_split
-        corpus = load_split(cfg.data, name)
+        try:
+            corpus = load_split(cfg.data, name)
+        except DataError as e:
+            raise DataError(f"{e} (the corpus is looked for where the checkpoint was trained: data.path "
+                            f"'{cfg.data.path}'; pass --data-dir to read it elsewhere)") from None
         sources, references = list(corpus.src), list(corpus.tgt)
     beam = beam or cfg.decode.beam
     translator = Translator(loaded.model, loaded.tokenizer, cfg.decode, cfg.model.max_positions, dev, precision)
     hyps = [t.best for t in translator.translate(sources, beam)]
     scores = score(hyps, references, cfg.data.tgt_lang, cfg.decode.bleu_tokenize)
-    out_dir = path / "eval"
-    out_dir.mkdir(exist_ok=True)
-    (out_dir / f"{name}.beam{beam}.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    _print_scores(scores)
+    out_dir = output_dir or path / "eval"
     result = {"checkpoint": str(path), "split": name, "beam": beam, **scores.as_dict()}
-    (out_dir / f"{name}.beam{beam}.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
-    print(f"BLEU = {scores.bleu:.2f}  {scores.bleu_signature}\nchrF = {scores.chrf:.2f}  {scores.chrf_signature}")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / f"{name}.beam{beam}.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+        (out_dir / f"{name}.beam{beam}.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
+    except OSError as e:
+        write_failed(f"the report in {out_dir} (the scores above are complete; pass --output-dir to save it elsewhere)", e)
     print(f"hypotheses and scores in {out_dir}/")

@@ -14,6 +14,7 @@ from typing import List, Optional
 import typer
 
 from cli.errors import fail, user_errors
+from cli.guards import check_creatable, same_file
 from transformer.process import configure_openmp
 
 configure_openmp()  # before any command loads torch
@@ -38,6 +39,9 @@ def train(
 
         overrides = list(set_) + ([f"data.path={data_dir}"] if data_dir else [])
         cfg = load(config, overrides)  # a config error stops here, once, before any process starts
+        if resume and overwrite:
+            fail("--resume continues the run and --overwrite deletes it; give one of them")
+        check_creatable(cfg.out_dir, "run directory")
         if nproc > 1:
             from transformer.distributed import launch
 
@@ -66,13 +70,14 @@ def translate(
     device: str = typer.Option("auto", "--device", help="auto|cpu|cuda|cuda:N|mps"),
     precision: str = typer.Option("fp32", "--precision", help="fp32|bf16|fp16"),
     runs: Path = typer.Option(Path("runs"), "--runs", help="Where to look for the newest run"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --output file"),
 ) -> None:
     """Translate a sentence, a file or stdin with a trained checkpoint."""
     from cli.translate_cmd import run_translate
 
     with user_errors():
         run_translate(text, checkpoint, input_, output, 1 if greedy else beam, nbest, batch_tokens, device,
-                      precision, runs)
+                      precision, runs, overwrite)
 
 
 @app.command(name="eval")
@@ -87,6 +92,8 @@ def eval_(
     device: str = typer.Option("auto", "--device", help="auto|cpu|cuda|cuda:N|mps"),
     precision: str = typer.Option("fp32", "--precision", help="fp32|bf16|fp16"),
     runs: Path = typer.Option(Path("runs"), "--runs", help="Where to look for the newest run"),
+    output_dir: Optional[Path] = typer.Option(None, "--output-dir", help="Write hypotheses and scores here "
+                                              "(default: <checkpoint>/eval)"),
 ) -> None:
     """Translate the test split and print sacreBLEU (with its signature) and chrF."""
     from cli.eval_cmd import run_eval
@@ -94,7 +101,7 @@ def eval_(
     with user_errors():
         if (src is None) != (ref is None) and hyp is None:
             fail("--src and --ref go together; give both, or neither to use the config's test split")
-        run_eval(checkpoint, split, src, ref, hyp, beam, data_dir, device, precision, runs)
+        run_eval(checkpoint, split, src, ref, hyp, beam, data_dir, device, precision, runs, output_dir)
 
 
 @app.command()
@@ -108,7 +115,11 @@ def average(
     with user_errors():
         from transformer.average import average as average_checkpoints
 
-        path = average_checkpoints(run, last, output or run / f"avg{last}", overwrite)
+        target = output or run / f"avg{last}"
+        if target.resolve().is_relative_to((run / "checkpoints").resolve()) or same_file(target, run):
+            fail(f"--output '{target}' would replace the run or one of its resumable checkpoints; "
+                 f"write the average elsewhere, e.g. {run / f'avg{last}'}")
+        path = average_checkpoints(run, last, target, overwrite)
     print(f"averaged the last {last} checkpoints of {run} into {path}", file=sys.stderr)
 
 
@@ -170,7 +181,7 @@ def export(
 @app.command(name="configs")
 def configs_() -> None:
     """List the configs that ship with tfm and what each is for (use one with --config NAME)."""
-    from transformer.config import describe, shipped
+    from configs import describe, shipped
 
     for name, path in shipped().items():
         print(f"{name:<18} {describe(path)}")

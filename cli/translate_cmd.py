@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import IO, Iterable, Iterator
 
 from cli.errors import fail
+from cli.guards import check_beam, check_input, check_output, check_stdout, write_failed
 
 
 def _lines(stream: Iterable[bytes], name: str) -> Iterator[str]:
@@ -27,55 +29,81 @@ def _format(no: int, translation, nbest: int) -> str:
     return "".join(f"{no} ||| {t} ||| {s:.4f}\n" for t, s in zip(translation.texts, translation.scores))
 
 
+@contextlib.contextmanager
+def _output(output: Path | None) -> Iterator[IO[str]]:
+    """stdout, or ``--output`` (already checked: not an input, not a file the user did not let us replace)."""
+    if output is None:
+        yield sys.stdout
+    else:
+        with open(output, "w", encoding="utf-8") as f:
+            yield f
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """Whether an exception is an allocation failure (torch raises RuntimeError for a CPU one)."""
+    return isinstance(e, MemoryError) or "out of memory" in str(e) or "can't allocate memory" in str(e)
+
+
 def run_translate(text: str | None, checkpoint: Path | None, input_: Path | None, output: Path | None,
                   beam: int | None, nbest: int, batch_tokens: int | None, device: str, precision: str,
-                  runs: Path) -> None:
-    """Translate ``text``, ``--input`` or stdin into ``--output`` or stdout."""
+                  runs: Path, overwrite: bool = False) -> None:
+    """Translate ``text``, ``--input`` or stdin into ``--output`` or stdout; every check comes before any work."""
     from transformer import checkpoint as ckpt
     from transformer.device import check_precision, resolve_device
     from transformer.translator import Translator
 
     if text is not None and input_ is not None:
         fail("give either a sentence or --input FILE, not both")
-    if input_ is not None and not input_.is_file():
-        fail(f"input file '{input_}' not found; pass an existing file with one sentence per line")
+    if input_ is not None:
+        check_input(input_)
+    if output is not None:
+        check_output(output, overwrite, (input_,))
+    else:
+        check_stdout()
     dev = resolve_device(device)
     check_precision(precision, dev)
     loaded = ckpt.load(checkpoint or ckpt.newest(runs), dev)
+    check_beam(beam, loaded.tokenizer.vocab_size)
     decode = loaded.cfg.decode
     if batch_tokens is not None:
         decode.batch_tokens = batch_tokens
     translator = Translator(loaded.model, loaded.tokenizer, decode, loaded.cfg.model.max_positions, dev, precision)
-    if text is not None:
-        lines: Iterator[str] = _lines([os.fsencode(text)], "the sentence")  # argv keeps non-UTF-8 bytes as surrogates
-        src = None
-    elif input_ is not None:
-        src = open(input_, "rb")
-        lines = _lines(src, str(input_))
-    else:
-        src = None
-        lines = _lines(sys.stdin.buffer, "stdin")
-    out = open(output, "w", encoding="utf-8") if output is not None else sys.stdout
-    count = 0
-    try:
-        chunk = 1 if text is not None else 1000
-        for count, translation in enumerate(translator.translate(lines, beam, nbest, chunk=chunk), 1):
-            out.write(_format(count, translation, nbest))
-            if count % 64 == 0:
-                out.flush()
-        out.flush()
-    except BrokenPipeError:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return
-    except KeyboardInterrupt:
-        out.flush()
+    with contextlib.ExitStack() as stack:
+        if text is not None:
+            lines: Iterator[str] = _lines([os.fsencode(text)], "the sentence")  # argv keeps bad bytes as surrogates
+        elif input_ is not None:
+            lines = _lines(stack.enter_context(open(input_, "rb")), str(input_))
+        else:
+            lines = _lines(sys.stdin.buffer, "stdin")
+        count, interrupted = _translate_into(output, translator.translate(lines, beam, nbest,
+                                                                          chunk=1 if text is not None else 1000), nbest)
+    if interrupted:
         print(f"interrupted: {count} complete lines written", file=sys.stderr)
         raise SystemExit(130)
-    finally:
-        if src is not None:
-            src.close()
-        if output is not None:
-            out.close()
     if count == 0 and text is None:
         print("note: the input was empty; nothing translated", file=sys.stderr)
+
+
+def _translate_into(output: Path | None, translations: Iterator, nbest: int) -> tuple[int, bool]:
+    """Write translations as they come; Ctrl-C keeps the complete lines so far. Returns (lines, interrupted)."""
+    count, interrupted = 0, False
+    try:
+        with _output(output) as out:
+            try:
+                for count, translation in enumerate(translations, 1):
+                    out.write(_format(count, translation, nbest))
+                    if count % 64 == 0:
+                        out.flush()
+            except KeyboardInterrupt:
+                interrupted = True
+            out.flush()
+    except BrokenPipeError:  # the reader of stdout went away (| head): stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except OSError as e:
+        write_failed(output or "standard output", e)
+    except (RuntimeError, MemoryError) as e:
+        if not out_of_memory(e):
+            raise
+        fail("out of memory while translating; lower --beam or --batch-tokens")
+    return count, interrupted

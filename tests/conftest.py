@@ -25,6 +25,8 @@ from transformer.train import Result
 REPO = Path(__file__).resolve().parents[1]
 os.environ["TFM_MULTI30K"] = str((REPO / os.environ.get("TFM_MULTI30K", "../shared/data/multi30k")).resolve())
 os.environ["TFM_TATOEBA"] = str((REPO / os.environ.get("TFM_TATOEBA", "../shared/data/tatoeba-cmn-eng")).resolve())
+# The suite runs tfm in subprocesses beside itself: a shared CPU, where spinning OpenMP threads wait on each other.
+os.environ.setdefault("TFM_SHARED_CPU", "1")
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import configs
 from transformer import config
 from transformer.errors import ConfigError
 
@@ -92,7 +93,7 @@ def test_dump_round_trips(tmp_path):
 
 def test_a_shipped_config_is_found_by_bare_name_from_any_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert config.find("base") == config.find("base.yaml") == CONFIGS[0].parent / "base.yaml"
+    assert configs.find("base") == configs.find("base.yaml") == CONFIGS[0].parent / "base.yaml"
     assert config.load("small").model.d_model == 256
     (tmp_path / "base.yaml").write_text("name: mine\n", encoding="utf-8")
     assert config.load("base.yaml").name == "mine"  # a file of the user's wins over the shipped one
@@ -107,8 +108,8 @@ def test_an_unknown_config_name_lists_the_shipped_ones(tmp_path, monkeypatch):
 
 
 def test_every_shipped_config_says_what_it_is_for():
-    assert set(config.shipped()) == {p.stem for p in CONFIGS}
-    assert all(config.describe(p) for p in CONFIGS)
+    assert set(configs.shipped()) == {p.stem for p in CONFIGS}
+    assert all(configs.describe(p) for p in CONFIGS)
 
 
 def test_the_paper_configs_carry_the_papers_values():
@@ -137,7 +138,7 @@ def test_an_installed_wheel_carries_the_configs(tmp_path):
     wheel = next((tmp_path / "wheel").glob("tfm-*.whl"))
     subprocess.run([*pip, "install", "--no-deps", "--target", str(tmp_path / "site"), str(wheel)], check=True,
                    capture_output=True)
-    code = "from transformer import config; print(config.find('base'), config.load('wmt14-base').name)"
+    code = "import configs; from transformer import config; print(configs.find('base'), config.load('wmt14-base').name)"
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={"PYTHONPATH": str(tmp_path / "site")},
                          capture_output=True, text=True, check=True).stdout.split()
     assert out == [str(tmp_path / "site" / "configs" / "base.yaml"), "wmt14-base"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib.resources
 import re
 import typing
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from configs import find
 from transformer.errors import ConfigError
 
 
@@ -348,32 +348,6 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                                   "keep one")
             seen.add(key)
         return super().construct_mapping(node, deep)
-
-
-def shipped() -> dict[str, Path]:
-    """The configs that ship with tfm, by name (the file name without ``.yaml``)."""
-    folder = Path(str(importlib.resources.files("configs")))
-    return {p.stem: p for p in sorted(folder.glob("*.yaml"), key=lambda p: p.stem)}
-
-
-def describe(path: Path) -> str:
-    """A config file's first comment line, which says what it is for."""
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.startswith("#"):
-            return line.lstrip("# ").strip()
-    return ""
-
-
-def find(name: str | Path) -> Path:
-    """The config file ``name``: a path that exists, else a shipped config (``base`` or ``base.yaml``)."""
-    p = Path(name)
-    if p.is_file():
-        return p
-    configs = shipped()
-    if p.parent == Path(".") and p.suffix in ("", ".yaml", ".yml") and p.stem in configs:
-        return configs[p.stem]
-    raise ConfigError(f"config file '{p}' not found; give a YAML file or a shipped config: "
-                      f"{', '.join(configs)} (tfm configs says what each is for)")
 
 
 def load(path: str | Path, overrides: list[str] | None = None) -> Config:

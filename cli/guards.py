@@ -1,0 +1,77 @@
+"""Checks on what a user typed, made before any work starts, so that bad input costs nothing and loses nothing."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from cli.errors import fail
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file, however spelled (links, ``./``, ``..``)."""
+    try:
+        return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
+
+
+def check_input(path: Path, what: str = "input file") -> None:
+    """An existing, readable regular file (or a device such as /dev/stdin)."""
+    if not path.exists():
+        fail(f"{what} '{path}' not found; pass an existing file with one sentence per line")
+    if path.is_dir():
+        fail(f"{what} '{path}' is a directory; pass a file with one sentence per line")
+    if not os.access(path, os.R_OK):
+        fail(f"{what} '{path}' is not readable; check its permissions")
+
+
+def check_output(path: Path, overwrite: bool, inputs: tuple[Path | None, ...] = (), flag: str = "--output") -> None:
+    """A file tfm may write: not one of ``inputs``, not a directory, in a folder that exists and is writable, and
+    not an existing file unless ``overwrite`` (devices such as /dev/null are written as they are)."""
+    for source in inputs:
+        if source is not None and same_file(path, source):
+            fail(f"{flag} '{path}' is the input file '{source}'; write the output to another file")
+    if path.is_dir():
+        fail(f"{flag} '{path}' is a directory; give a file name")
+    if path.exists() and path.is_file() and not overwrite:
+        fail(f"{flag} '{path}' exists; pass --overwrite to replace it, or choose another file")
+    check_folder(path.parent, flag)
+
+
+def check_folder(folder: Path, flag: str) -> None:
+    """A folder that exists and that this process may write into."""
+    folder = folder if str(folder) else Path(".")
+    if not folder.is_dir():
+        fail(f"{flag}: folder '{folder}' does not exist; create it or choose another place")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        fail(f"{flag}: folder '{folder}' is not writable; choose another place")
+
+
+def check_creatable(folder: Path, what: str) -> None:
+    """A folder that exists or can be made: its nearest existing ancestor is a writable directory."""
+    ancestor = folder
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        fail(f"{what} '{folder}' cannot be made: '{ancestor}' is a file, not a folder; choose another place")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        fail(f"{what} '{folder}' cannot be written: '{ancestor}' is read-only or not ours; choose another place")
+
+
+def check_stdout() -> None:
+    """Standard output is open (``>&-`` closes it, and Python then has no sys.stdout)."""
+    if sys.stdout is None:
+        fail("standard output is closed; pass --output FILE or leave stdout open")
+
+
+def check_beam(beam: int | None, vocab_size: int) -> None:
+    """A beam no wider than the vocabulary: a wider one keeps hypotheses that can only repeat the vocabulary."""
+    if beam is not None and beam > vocab_size:
+        fail(f"--beam {beam} is larger than the model's vocabulary ({vocab_size:,} tokens); use at most {vocab_size}")
+
+
+def write_failed(path: Path | str, e: OSError) -> None:
+    """One line for an output that could not be written (a full disk, a closed pipe, a read-only file system)."""
+    fail(f"cannot write {path}: {e.strerror or e}; free some space or write elsewhere")
