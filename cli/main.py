@@ -14,7 +14,7 @@ from typing import List, Optional
 import typer
 
 from cli.errors import fail, user_errors
-from cli.guards import check_creatable, same_file
+from cli.guards import check_creatable, check_output, same_file
 from transformer.process import configure_openmp
 
 configure_openmp()  # before any command loads torch
@@ -127,9 +127,12 @@ def average(
 def plot(
     run: Path = typer.Argument(..., help="Run directory, e.g. runs/base"),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="PNG to write (default: <run>/training.png)"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --output file"),
 ) -> None:
     """Draw train/valid loss, learning rate and valid BLEU against steps from log.jsonl (needs matplotlib)."""
     with user_errors():
+        if output is not None:
+            check_output(output, overwrite)
         from transformer.plots import plot_training
 
         path = plot_training(run, output)
@@ -145,9 +148,11 @@ def attention(
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Checkpoint directory (default: newest run's best)"),
     output: Path = typer.Option(Path("attention.png"), "--output", "-o", help="PNG to write"),
     runs: Path = typer.Option(Path("runs"), "--runs", help="Where to look for the newest run"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --output file"),
 ) -> None:
     """Draw a heatmap of encoder-decoder attention (or --self attention) for one sentence (needs matplotlib)."""
     with user_errors():
+        check_output(output, overwrite)
         if self_ not in (None, "encoder", "decoder"):
             fail(f"--self takes encoder or decoder, not '{self_}'")
         if head != "all" and not (head.isdigit() and int(head) >= 1):

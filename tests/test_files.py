@@ -4,7 +4,7 @@ import os
 
 from tiny import tiny_config
 from transformer import checkpoint
-from transformer.files import clean_partial
+from transformer.files import atomic_dir, clean_partial
 from transformer.model import build_model
 from transformer.tokenizer import Tokenizer
 
@@ -25,3 +25,12 @@ def test_interrupted_save_and_prune_are_repaired_on_the_next_start(tmp_path):
     assert done == ["restored best from .best.old-4242", "removed .step_2.old-4242", "removed .step_9.tmp-4242"]
     assert checkpoint.load(folder / "best").meta["step"] == 4 and checkpoint.load(folder / "step_2").meta["step"] == 3
     assert sorted(p.name for p in folder.iterdir()) == ["best", "step_2"]
+
+
+def test_a_directory_may_replace_a_file_and_leaves_nothing_beside_it(tmp_path):
+    target = tmp_path / "out"
+    target.write_text("old", encoding="utf-8")
+    with atomic_dir(target) as tmp:
+        (tmp / "model.bin").write_bytes(b"new")
+    assert (target / "model.bin").read_bytes() == b"new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

@@ -64,7 +64,10 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     if path.exists():
         os.replace(path, old)
     os.replace(tmp, path)
-    shutil.rmtree(old, ignore_errors=True)
+    if old.is_dir():
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        old.unlink(missing_ok=True)  # a file that the directory replaced
     fsync_dir(path.parent)
 
 

@@ -1,0 +1,109 @@
+"""The command line under generated input: whatever paths, numbers, devices and sentences a user types, `tfm`
+answers with an exit code from the documented set (0 done, 2 refused), never a traceback, and changes no file
+but the ones the command says it writes."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from cli.main import app
+from tiny import SAMPLE
+
+EXIT_CODES = {0, 2}
+
+# Places a user may name, each wrong in its own way: relative to a fresh workspace.
+PATHS = ["in.de", "missing.de", "folder", "nofolder/out.en", "exists.en", "out.en", "runs/tiny/checkpoints/step_6",
+         "runs/tiny", "runs/tiny/best", "out_dir", "/dev/full", "/dev/null", "runs/tiny/../in.de", "./in.de"]
+NUMBERS = ["-1", "0", "1", "2", "5", "100000", "x"]
+DEVICES = ["cpu", "CPU", "gpu", "cuda", "cuda:7", "meta", "auto", ""]
+PRECISIONS = ["fp32", "bf16", "fp16", "fp8", ""]
+sentences = st.text(st.characters(blacklist_categories=["Cs"]), max_size=30)
+
+
+def option(name: str, values: st.SearchStrategy[str]) -> st.SearchStrategy[list[str]]:
+    """``[name, value]``, or more often nothing, so that some command lines are good ones."""
+    return st.one_of(st.just([]), st.just([]), st.just([]), values.map(lambda v: [name, v]))
+
+
+def command() -> st.SearchStrategy[list[str]]:
+    path = st.sampled_from(PATHS)
+    ckpt = option("--checkpoint", st.sampled_from(["runs/tiny/best", "runs/tiny/checkpoints/step_6", "missing", "in.de"]))
+    common = [ckpt, option("--device", st.sampled_from(DEVICES)), option("--precision", st.sampled_from(PRECISIONS))]
+    translate = st.tuples(st.just(["translate"]), st.one_of(st.just([]), sentences.map(lambda s: [s])),
+                          option("--input", path), option("--output", path), option("--beam", st.sampled_from(NUMBERS)),
+                          option("--nbest", st.sampled_from(NUMBERS)), option("--batch-tokens", st.sampled_from(NUMBERS)),
+                          st.sampled_from([[], ["--greedy"], ["--overwrite"]]), *common)
+    eval_ = st.tuples(st.just(["eval"]), option("--src", path), option("--ref", path), option("--hyp", path),
+                      option("--beam", st.sampled_from(NUMBERS)), option("--output-dir", path),
+                      option("--data-dir", path), *common)
+    average = st.tuples(st.just(["average"]), st.sampled_from(["runs/tiny", "missing", "in.de"]).map(lambda p: [p]),
+                        option("--last", st.sampled_from(NUMBERS)), option("--output", path),
+                        st.sampled_from([[], ["--overwrite"]]))
+    attention = st.tuples(st.just(["attention"]), sentences.map(lambda s: [s]), option("--layer", st.sampled_from(NUMBERS)),
+                          option("--head", st.sampled_from(NUMBERS + ["all"])), option("--output", path), ckpt,
+                          st.sampled_from([[], ["--overwrite"]]))
+    export = st.tuples(st.just(["export"]), st.sampled_from(["runs/tiny/best", "missing"]).map(lambda p: ["--checkpoint", p]),
+                       st.sampled_from(PATHS).map(lambda p: ["--output", p]), st.sampled_from([[], ["--overwrite"]]))
+    plot = st.tuples(st.just(["plot"]), st.sampled_from(["runs/tiny", "missing", "in.de"]).map(lambda p: [p]),
+                     option("--output", path), st.sampled_from([[], ["--overwrite"]]))
+    return st.one_of(translate, eval_, average, attention, export, plot).map(lambda parts: sum(parts, []))
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every file under ``root`` and a hash of its bytes."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in root.rglob("*") if p.is_file()}
+
+
+def allowed(args: list[str]) -> list[str]:
+    """The paths (relative to the workspace) a command may create or change: its outputs, nothing else."""
+    named = {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--")}
+    outputs = [named[k] for k in ("--output", "--output-dir") if k in named]
+    if args[0] == "eval" and "--output-dir" not in named:
+        outputs.append(f"{named.get('--checkpoint', 'runs/tiny/best')}/eval")
+    if args[0] == "average" and "--output" not in named:
+        outputs.append(f"{args[1]}/avg{named.get('--last', '5')}")
+    if args[0] == "plot" and "--output" not in named:
+        outputs.append(f"{args[1]}/training.png")
+    if args[0] == "attention" and "--output" not in named:
+        outputs.append("attention.png")
+    return [os.path.normpath(o) for o in outputs]
+
+
+def workspace(run: Path) -> Path:
+    root = Path(tempfile.mkdtemp(prefix="tfm-cli-"))
+    shutil.copytree(run, root / "runs/tiny")
+    shutil.copy(SAMPLE / "valid.de", root / "in.de")
+    (root / "exists.en").write_text("the user's own file\n", encoding="utf-8")
+    (root / "folder").mkdir()
+    return root
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(args=command())
+def test_any_command_line_ends_in_a_documented_exit_code_and_writes_only_its_outputs(tiny_run, monkeypatch, args):
+    root = workspace(tiny_run.run_dir)
+    try:
+        monkeypatch.chdir(root)
+        before = snapshot(root)
+        result = CliRunner().invoke(app, args, input="Ein Hund läuft.\n", env={"TFM_SHARED_CPU": "1"})
+        event(f"{args[0]} exit {result.exit_code}")  # --hypothesis-show-statistics shows the mix
+        assert result.exit_code in EXIT_CODES, (args, result.output, result.exception)
+        assert result.exception is None or isinstance(result.exception, SystemExit), (args, result.exception)
+        assert "Traceback" not in result.output
+        after = snapshot(root)
+        outputs = allowed(args)
+        changed = {p for p in before.keys() | after.keys() if before.get(p) != after.get(p)}
+        stray = {p for p in changed if not any(p == o or p.startswith(o.rstrip("/") + "/") for o in outputs)}
+        assert not stray, (args, stray)
+        assert after.get("exists.en") == before["exists.en"] or "--overwrite" in args, args
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
