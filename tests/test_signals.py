@@ -69,3 +69,23 @@ def test_the_previous_handlers_return_after_the_block_even_on_an_error():
         assert stop.signum == signal.SIGTERM and stop.exit_code() == 143
         raise RuntimeError
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_ctrl_c_during_set_up_exits_130_and_a_plain_rerun_starts_afresh(tmp_path):
+    """A signal while the data load (or tokenizer training) runs: no traceback, no update, nothing that blocks a rerun."""
+    cfg = tiny_config(tmp_path)
+    messages: list[str] = []
+
+    def log(msg: str) -> None:
+        messages.append(msg)
+        if msg.startswith("data:"):
+            signal.raise_signal(signal.SIGINT)
+
+    result = run_trainer(cfg, log=log)
+    assert (result.reason, result.exit_code, result.state.step) == ("signal", 130, 0)
+    assert "SIGINT: stopping once this set-up step ends" in "\n".join(messages)
+    assert checkpoint.step_dirs(cfg.out_dir) == []
+    messages.clear()
+    assert run_trainer(cfg, log=messages.append).state.step == cfg.train.max_steps
+    assert any("holds no checkpoint" in m for m in messages)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -31,12 +31,20 @@ def prepare(run_dir: Path, resume: bool, overwrite: bool, log: Callable[[str], N
             raise TrainError(f"--resume: no checkpoint in {run_dir}/checkpoints; start without --resume")
         return newest_intact(run_dir, existing, log)
     if run_dir.exists() and any(run_dir.iterdir()):
-        if not overwrite:
+        if not overwrite and holds_work(run_dir):
             raise TrainError(f"run directory {run_dir} already exists; pass --resume to continue it, "
                              "--overwrite to start again, or --set name=<new name>")
+        if not overwrite:
+            log(f"{run_dir} holds no checkpoint (a start that was interrupted); starting afresh")
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     return None
+
+
+def holds_work(run_dir: Path) -> bool:
+    """Whether a run directory has anything worth keeping: a step checkpoint, a best one, or an average."""
+    return bool(checkpoint.step_dirs(run_dir)) or any(p.is_dir() and (p / checkpoint.META).is_file()
+                                                      for p in run_dir.iterdir())
 
 
 def newest_intact(run_dir: Path, step_dirs: list[Path], log: Callable[[str], None]) -> Path:

@@ -19,6 +19,7 @@ class StopSignals:
     def __init__(self, log: Callable[[str], None]) -> None:
         self.log = log
         self.signum: int | None = None
+        self.training = False  # False during set-up, before there is an update to finish
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> StopSignals:
@@ -39,5 +40,9 @@ class StopSignals:
             self.log("second interrupt: stopping now; the last complete checkpoint is intact")
             raise SystemExit(128 + signum)
         self.signum = signum
+        if not self.training:
+            self.log(f"{signal.Signals(signum).name}: stopping once this set-up step ends (interrupt again to stop "
+                     "at once)")
+            return
         self.log(f"{signal.Signals(signum).name}: finishing this update, then saving a resumable checkpoint "
                  "(interrupt again to stop at once)")

@@ -74,7 +74,8 @@ class Trainer:
                 self.log, self.quiet = (lambda msg: None), True
             elif note := distributed.unused_gpus_note(self.device):
                 self.log(note)
-            return self._run()
+            with StopSignals(self.log) as self.signals:  # from the start: Ctrl-C during set-up is no traceback
+                return self._run()
         finally:
             distributed.close()
 
@@ -96,6 +97,8 @@ class Trainer:
                 tokenizer = Tokenizer.load(self.run_dir / checkpoint.TOKENIZER)
             data = train_data.load(cfg, self.run_dir, tokenizer, self.log)
             self.tokenizer, self.train_enc, self.valid, self.valid_enc = data
+        if self.signals.signum is not None:
+            return self._stopped_in_set_up()
         self.model = build_model(cfg.model, self.tokenizer.vocab_size, self.tokenizer.pad_id).to(self.device)
         ddp = distributed.wrap(self.model, self.device)
         distributed.seed_dropout(cfg.seed)
@@ -112,7 +115,14 @@ class Trainer:
                 return Result(self.state, "finished", 0, self.run_dir)
         n_params = sum(p.numel() for p in self.model.parameters())
         self.log(f"model: {n_params:,} parameters on {self.device} in {cfg.precision}")
+        if self.signals.signum is not None:
+            return self._stopped_in_set_up()
         return self._loop()
+
+    def _stopped_in_set_up(self) -> Result:
+        """A signal before the first update: nothing new to save; a plain rerun starts afresh (run_dir.prepare)."""
+        self.log(f"interrupted before the first update; nothing saved beyond what {self.run_dir} held")
+        return Result(self.state, "signal", self.signals.exit_code(), self.run_dir)
 
     def _restore(self, ckpt_dir: Path) -> None:
         """Weights, optimizer, scaler, RNGs and TrainState as ``ckpt_dir`` saved them."""
@@ -125,19 +135,19 @@ class Trainer:
     # ----- the loop ------------------------------------------------------------------------------------------
 
     def _loop(self) -> Result:
-        """Train under the stop signals' handlers, then finish: the progress bar is closed whatever happens."""
+        """Train, then finish: the progress bar is closed whatever happens."""
         self.bar = tqdm(total=self.cfg.train.max_steps, initial=self.state.step, disable=self.quiet, file=sys.stderr,
                         dynamic_ncols=True, unit="step")
         self.model.train()
         self.start = time.monotonic() - self.state.elapsed
         self.window_tokens, self.window_start = 0, time.monotonic()
         self.last_eval_step = -1
-        with StopSignals(self.log) as self.signals:
-            try:
-                reason = self._epochs()
-            finally:
-                self.bar.close()
-            return self._finish(reason)
+        self.signals.training = True
+        try:
+            reason = self._epochs()
+        finally:
+            self.bar.close()
+        return self._finish(reason)
 
     def _epochs(self) -> str:
         """Train epoch after epoch from where the state stands; return why training stopped."""
