@@ -28,6 +28,7 @@ from transformer import checkpoint, distributed, run_dir, train_data, train_stat
 from transformer.batching import make_batches
 from transformer.config import Config, dump
 from transformer.device import check_precision, resolve_device, resolve_precision
+from transformer.forecast import TIMED_UPDATES, forecast
 from transformer.model import build_model
 from transformer.schedule import make_optimizer
 from transformer.signals import StopSignals
@@ -142,6 +143,7 @@ class Trainer:
         self.start = time.monotonic() - self.state.elapsed
         self.window_tokens, self.window_start = 0, time.monotonic()
         self.last_eval_step = -1
+        self.first_step, self.timed_from = self.state.step + 1, 0.0
         self.signals.training = True
         try:
             reason = self._epochs()
@@ -185,6 +187,7 @@ class Trainer:
                 return "non_finite"
         else:
             self._count(*out)
+        self._forecast()
         stop = None
         if self.state.step % t.eval_every == 0:
             self._evaluate_and_keep_best()
@@ -195,6 +198,16 @@ class Trainer:
             self._save("periodic")
         self._agree_on_stop()
         return self._limit_reached() or stop
+
+    def _forecast(self) -> None:
+        """Time the updates after the first; after a few, say how long the rest would take if that is long."""
+        t = self.cfg.train
+        if self.state.step == self.first_step:
+            self.timed_from = time.monotonic()
+        elif self.state.step == self.first_step + TIMED_UPDATES and t.max_minutes is None:
+            per_update = (time.monotonic() - self.timed_from) / TIMED_UPDATES
+            if note := forecast(per_update, t.max_steps - self.state.step, self.device.type):
+                self.log(note)
 
     def _limit_reached(self) -> str | None:
         """A signal, max_steps or max_minutes, whichever came first; it outranks early stopping in the record."""
