@@ -1,4 +1,4 @@
-"""bench.wmt_scale's corpus: WMT-like lengths, deterministic from its seed, and loadable offline as the hub's wmt/wmt14."""
+"""bench.synthetic_wmt, the corpus of bench.wmt_scale: WMT-like lengths, deterministic from its seed, and loadable offline as the hub's wmt/wmt14."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import datasets
 import numpy as np
 import pyarrow.parquet as pq
 
-from bench.wmt_scale import HELD_OUT, generate, sentence_lengths
+from bench.synthetic_wmt import HELD_OUT, generate, sentence_lengths
 
 
 def test_lengths_have_a_mean_near_25_words_and_a_long_tail() -> None:
