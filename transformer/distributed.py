@@ -95,7 +95,7 @@ def wrap(model: nn.Module, device: torch.device) -> nn.Module:
     ddp = nn.parallel.DistributedDataParallel
     ids = [device.index] if device.type == "cuda" else None
     # The model's only buffer is the constant positional table: nothing to broadcast before each forward.
-    # (torch 2.13 renamed the flag; older versions know only broadcast_buffers.)
+    # (newer torch names the flag forward_sync_buffers; older versions know only broadcast_buffers.)
     new = "forward_sync_buffers" in inspect.signature(ddp).parameters
     flag = "forward_sync_buffers" if new else "broadcast_buffers"
     return ddp(model, device_ids=ids, **{flag: False})
