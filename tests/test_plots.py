@@ -87,3 +87,17 @@ def test_missing_matplotlib_is_one_clear_error(ckpt, tmp_path, monkeypatch):
     assert r.exit_code == 2
     assert r.output.strip().splitlines()[-1] == ("error: drawing needs matplotlib, which is not installed; "
                                                  "pip install matplotlib")
+
+
+@needs_matplotlib
+def test_validation_bleu_gets_a_minutes_axis_with_the_20th_minute_marked():
+    from matplotlib.figure import Figure
+
+    ax = Figure().subplots()
+    train = [{"step": s, "elapsed_s": 60.0 * s / 10} for s in (10, 100, 400)]  # a minute every 10 updates
+    plots._minutes_axis(ax, train)
+    assert len(ax.child_axes) == 1 and ax.child_axes[0].get_xlabel() == "minutes"
+    assert [line.get_xdata()[0] for line in ax.get_lines()] == [200.0]  # minute 20 = update 200
+    short = Figure().subplots()
+    plots._minutes_axis(short, train[:2])  # 10 minutes in all: no 20th minute to mark
+    assert short.get_lines() == [] and len(short.child_axes) == 1

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from transformer.batching import source_tensor
@@ -74,8 +75,22 @@ def _series(entries: list[dict[str, Any]], key: str) -> tuple[list[int], list[fl
     return [e["step"] for e in kept], [e[key] for e in kept]
 
 
+def _minutes_axis(ax: Axes, train: list[dict[str, Any]]) -> None:
+    """A top axis in wall-clock minutes (from the elapsed time training entries record), the 20th minute marked."""
+    timed = [(e["step"], e["elapsed_s"] / 60) for e in train if isinstance(e.get("elapsed_s"), (int, float))]
+    if len(timed) < 2:
+        return
+    steps, minutes = (np.array(v, dtype=float) for v in zip(*timed))
+    top = ax.secondary_xaxis("top", functions=(lambda s: np.interp(s, steps, minutes),
+                                              lambda m: np.interp(m, minutes, steps)))
+    top.set_xlabel("minutes")
+    if minutes[-1] > 20:
+        ax.axvline(float(np.interp(20, minutes, steps)), color="gray", linestyle=":", linewidth=1)
+
+
 def plot_training(run_dir: str | Path, output: str | Path | None = None) -> Path:
-    """Training and validation loss, learning rate and validation BLEU against steps; returns the PNG's path."""
+    """Training and validation loss, learning rate and validation BLEU against steps (BLEU also against minutes);
+    returns the PNG's path."""
     run_dir = Path(run_dir)
     log = read_log(run_dir)
     fig = _figure(CURVES_SIZE)
@@ -89,6 +104,7 @@ def plot_training(run_dir: str | Path, output: str | Path | None = None) -> Path
     lr_ax.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
     bleu_ax.plot(*_series(log["valid"], "valid_bleu"), "o-", color="tab:red", markersize=3)
     bleu_ax.set(title="validation BLEU (greedy)", xlabel="step")
+    _minutes_axis(bleu_ax, log["train"])
     for ax in (loss_ax, lr_ax, bleu_ax):
         ax.grid(alpha=0.3)
     fig.suptitle(run_dir.name, fontsize=10)
