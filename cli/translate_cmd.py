@@ -39,7 +39,7 @@ def _output(output: Path | None) -> Iterator[IO[str]]:
             yield f
 
 
-def out_of_memory(e: BaseException) -> bool:
+def _out_of_memory(e: BaseException) -> bool:
     """Whether an exception is an allocation failure (torch raises RuntimeError for a CPU one)."""
     return isinstance(e, MemoryError) or "out of memory" in str(e) or "can't allocate memory" in str(e)
 
@@ -103,7 +103,7 @@ def _translate_into(output: Path | None, translations: Iterator, nbest: int) -> 
     except OSError as e:
         write_failed(output or "standard output", e)
     except (RuntimeError, MemoryError) as e:
-        if not out_of_memory(e):
+        if not _out_of_memory(e):
             raise
         fail("out of memory while translating; lower --beam or --batch-tokens")
     return count, interrupted
