@@ -1,0 +1,95 @@
+"""What the command line refuses before any work, and how: one line, exit 2, and the user's files untouched."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+from tiny import ROOT, SAMPLE
+
+
+def tfm(*args: str):
+    return CliRunner().invoke(app, [*map(str, args)])
+
+
+def refused(result, message: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and "Traceback" not in result.output
+
+
+@pytest.fixture
+def files(tmp_path):
+    src = tmp_path / "in.de"
+    shutil.copy(SAMPLE / "valid.de", src)
+    mine = tmp_path / "mine.en"
+    mine.write_text("the user's own file\n", encoding="utf-8")
+    return src, mine
+
+
+@pytest.mark.parametrize("spelling", ["{d}/in.de", "{d}/./in.de", "{d}/sub/../in.de"])
+def test_the_output_may_not_be_the_input_however_spelled(tiny_checkpoint, files, spelling):
+    src, _ = files
+    (src.parent / "sub").mkdir(exist_ok=True)
+    before = src.read_bytes()
+    result = tfm("translate", "--checkpoint", tiny_checkpoint, "--input", src, "--output", spelling.format(d=src.parent))
+    refused(result, "is the input file")
+    assert src.read_bytes() == before
+
+
+def test_an_existing_output_needs_overwrite(tiny_checkpoint, files):
+    src, mine = files
+    refused(tfm("translate", "--checkpoint", tiny_checkpoint, "--input", src, "--output", mine), "pass --overwrite")
+    assert mine.read_text(encoding="utf-8") == "the user's own file\n"
+    result = tfm("translate", "--checkpoint", tiny_checkpoint, "--input", src, "--output", mine, "--overwrite")
+    assert result.exit_code == 0, result.output
+    assert len(mine.read_text(encoding="utf-8").splitlines()) == len(src.read_text(encoding="utf-8").splitlines())
+
+
+@pytest.mark.parametrize("where, message", [("missing/out.en", "does not exist"), ("", "is a directory")])
+def test_an_output_in_no_folder_or_that_is_a_folder_is_refused(tiny_checkpoint, files, where, message):
+    src, _ = files
+    refused(tfm("translate", "--checkpoint", tiny_checkpoint, "--input", src, "--output", src.parent / where), message)
+
+
+def test_writing_to_a_full_device_and_to_a_closed_stdout_are_one_line(tiny_checkpoint):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = [sys.executable, "-m", "cli", "translate", "Ein Hund.", "--checkpoint", str(tiny_checkpoint)]
+    if os.path.exists("/dev/full"):
+        full = subprocess.run([*args, "--output", "/dev/full"], env=env, capture_output=True, text=True)
+        assert full.returncode == 2 and full.stderr.startswith("error: cannot write /dev/full: No space left")
+    closed = subprocess.run(args, env=env, stdout=None, stderr=subprocess.PIPE, text=True, close_fds=True,
+                            preexec_fn=lambda: os.close(1))
+    assert closed.returncode == 2 and "standard output is closed" in closed.stderr
+
+
+def test_too_wide_a_beam_is_refused_before_any_work(tiny_checkpoint):
+    refused(tfm("translate", "Ein Hund.", "--checkpoint", tiny_checkpoint, "--beam", "100000"), "larger than the model's vocabulary")
+
+
+def test_eval_prints_the_scores_before_a_report_that_cannot_be_written(tiny_checkpoint, tmp_path):
+    (tmp_path / "report" / "valid.de.beam1.hyp").mkdir(parents=True)  # a folder where the report's file goes
+    result = tfm("eval", "--checkpoint", tiny_checkpoint, "--src", SAMPLE / "valid.de", "--ref", SAMPLE / "valid.en",
+                 "--beam", "1", "--output-dir", tmp_path / "report")
+    assert result.exit_code == 2
+    assert result.stdout.startswith("BLEU = ") and "the scores above are complete" in result.stderr
+
+
+def test_eval_refuses_src_beside_hyp(files):
+    src, mine = files
+    refused(tfm("eval", "--hyp", mine, "--ref", mine, "--src", src), "give one of them")
+
+
+def test_average_will_not_write_onto_a_resumable_checkpoint(tiny_run):
+    step = tiny_run.run_dir / "checkpoints" / "step_6"
+    refused(tfm("average", tiny_run.run_dir, "--last", "2", "--output", step, "--overwrite"), "resumable checkpoints")
+
+
+def test_train_refuses_resume_with_overwrite_and_a_run_dir_under_a_file(tmp_path, files):
+    _, mine = files
+    quick = ["train", "--config", "quickstart", "--set", f"data.path={SAMPLE}"]
+    refused(tfm(*quick, "--resume", "--overwrite"), "give one of them")
+    refused(tfm(*quick, "--set", f"run_dir={mine}/runs"), "is a file, not a folder")
