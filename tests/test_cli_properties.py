@@ -1,4 +1,4 @@
-"""The command line under generated input: whatever paths, numbers, devices and sentences a user types, `tfm`
+"""The command line under generated input: whatever paths, numbers, devices, settings and sentences a user types, `tfm`
 answers with an exit code from the documented set (0 done, 2 refused), never a traceback, and changes no file
 but the ones the command says it writes."""
 
@@ -25,6 +25,8 @@ PATHS = ["in.de", "missing.de", "folder", "nofolder/out.en", "exists.en", "out.e
 NUMBERS = ["-1", "0", "1", "2", "5", "100000", "x"]
 DEVICES = ["cpu", "CPU", "gpu", "cuda", "cuda:7", "meta", "auto", ""]
 PRECISIONS = ["fp32", "bf16", "fp16", "fp8", ""]
+QUICK = ["--set", f"data.path={SAMPLE}", "--set", "train.max_steps=2", "--set", "train.eval_every=2",
+         "--set", "train.eval_sentences=4"]
 sentences = st.text(st.characters(blacklist_categories=["Cs"]), max_size=30)
 
 
@@ -54,7 +56,15 @@ def command() -> st.SearchStrategy[list[str]]:
                        st.sampled_from(PATHS).map(lambda p: ["--output", p]), st.sampled_from([[], ["--overwrite"]]))
     plot = st.tuples(st.just(["plot"]), st.sampled_from(["runs/tiny", "missing", "in.de"]).map(lambda p: [p]),
                      option("--output", path), st.sampled_from([[], ["--overwrite"]]))
-    return st.one_of(translate, eval_, average, attention, export, plot).map(lambda parts: sum(parts, []))
+    settings_ = st.lists(st.sampled_from(["name=q", "name=q", "run_dir=runs", "name=tiny", "name=../x", "name=a/b",
+                                          "run_dir=in.de/sub",
+                                          "run_dir=out_dir", "train.max_steps=0", "train.lerning_rate=1",
+                                          "device=gpu", "precision=fp8", "model.h=3"]), max_size=2)
+    train = st.tuples(st.just(["train"]), st.sampled_from(["quickstart"] * 4 + ["missing.yaml", "in.de", "folder"])
+                      .map(lambda c: ["--config", c, "--quiet", *QUICK]),
+                      settings_.map(lambda sets: [a for v in sets for a in ("--set", v)]),
+                      st.sampled_from([[], ["--resume"], ["--overwrite"], ["--resume", "--overwrite"]]))
+    return st.one_of(translate, eval_, average, attention, export, plot, train).map(lambda parts: sum(parts, []))
 
 
 def snapshot(root: Path) -> dict[str, str]:
@@ -73,6 +83,10 @@ def allowed(args: list[str]) -> list[str]:
         outputs.append(f"{args[1]}/avg{named.get('--last', '5')}")
     if args[0] == "plot" and "--output" not in named:
         outputs.append(f"{args[1]}/training.png")
+    if args[0] == "train":
+        sets = dict(args[i + 1].split("=", 1) for i in range(len(args) - 1) if args[i] == "--set")
+        run_dir = sets.get("run_dir", "runs")
+        outputs += [f"{run_dir}/{sets.get('name', 'quickstart')}", f"{run_dir}/.cache"]  # the run; the token cache
     if args[0] == "attention" and "--output" not in named:
         outputs.append("attention.png")
     return [os.path.normpath(o) for o in outputs]
