@@ -11,7 +11,7 @@ Sections (all by default, or pick with --sections):
   contended  the process-wide levers again while 3 other torch processes keep the CPU busy
   compile  torch.compile against eager training (not in the default: compiling takes minutes)
 Decoding needs a trained model: pass --checkpoint, or a small one is trained first for --train-minutes.
---quick: fewer rounds, the small shape only, 3,000 lines for the memory test.
+--quick: fewer rounds, the small shape only, 3,000 lines for the memory test, a 3-minute model.
 
 Run: python -m bench.run [--quick] [--checkpoint DIR] [--data DIR] [--json PATH]
 """
@@ -189,7 +189,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds, small shape only")
     parser.add_argument("--checkpoint", type=Path, help="a trained small checkpoint for decoding")
-    parser.add_argument("--train-minutes", type=float, default=20.0, help="when no --checkpoint is given")
+    parser.add_argument("--train-minutes", type=float, default=None,
+                        help="when no --checkpoint is given (default 20, or 3 with --quick)")
     parser.add_argument("--data", default=DEFAULT_DATA, help="Multi30k folder")
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "bench", help="scratch folder")
     parser.add_argument("--json", type=Path, help="where to write the results (default: <runs>/results.json)")
@@ -200,7 +201,8 @@ def main() -> None:
     sections = set(args.sections.split(","))
     args.runs.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    ckpt = args.checkpoint or train_checkpoint(args.data, args.runs, args.train_minutes)
+    minutes = args.train_minutes if args.train_minutes is not None else (3.0 if args.quick else 20.0)
+    ckpt = args.checkpoint or train_checkpoint(args.data, args.runs, minutes)
     loaded = checkpoint.load(ckpt)
     test = load_split(DataConfig(format="multi30k", path=args.data), "test_2016_flickr")
     lines, refs = list(test.src), list(test.tgt)
