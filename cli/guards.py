@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from pathlib import Path
 
@@ -18,13 +19,22 @@ def same_file(a: Path, b: Path) -> bool:
 
 
 def check_input(path: Path, what: str = "input file") -> None:
-    """An existing, readable regular file (or a device such as /dev/stdin)."""
+    """An existing, readable file, pipe or terminal; not a directory or an endless device such as /dev/zero."""
     if not path.exists():
         fail(f"{what} '{path}' not found; pass an existing file with one sentence per line")
     if path.is_dir():
         fail(f"{what} '{path}' is a directory; pass a file with one sentence per line")
     if not os.access(path, os.R_OK):
         fail(f"{what} '{path}' is not readable; check its permissions")
+    if _endless_device(path):
+        fail(f"{what} '{path}' is a device that never ends (such as /dev/zero), not lines of text; pass a file")
+
+
+def _endless_device(path: Path) -> bool:
+    """A character device that reads forever (/dev/zero, /dev/full, /dev/urandom): not a terminal, not /dev/null."""
+    real = path.resolve()
+    terminal = real.name.startswith("tty") or real.parent.name == "pts"
+    return stat.S_ISCHR(real.stat().st_mode) and not terminal and real != Path("/dev/null")
 
 
 def check_output(path: Path, overwrite: bool, inputs: tuple[Path | None, ...] = (), flag: str = "--output") -> None:

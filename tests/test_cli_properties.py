@@ -21,7 +21,7 @@ EXIT_CODES = {0, 2}
 
 # Places a user may name, each wrong in its own way: relative to a fresh workspace.
 PATHS = ["in.de", "missing.de", "folder", "nofolder/out.en", "exists.en", "out.en", "runs/tiny/checkpoints/step_6",
-         "runs/tiny", "runs/tiny/best", "out_dir", "/dev/full", "/dev/null", "runs/tiny/../in.de", "./in.de"]
+         "runs/tiny", "runs/tiny/best", "out_dir", "/dev/full", "/dev/null", "/dev/zero", "runs/tiny/../in.de", "./in.de"]
 NUMBERS = ["-1", "0", "1", "2", "5", "100000", "x"]
 DEVICES = ["cpu", "CPU", "gpu", "cuda", "cuda:7", "meta", "auto", ""]
 PRECISIONS = ["fp32", "bf16", "fp16", "fp8", ""]

@@ -93,3 +93,11 @@ def test_train_refuses_resume_with_overwrite_and_a_run_dir_under_a_file(tmp_path
     quick = ["train", "--config", "quickstart", "--set", f"data.path={SAMPLE}"]
     refused(tfm(*quick, "--resume", "--overwrite"), "give one of them")
     refused(tfm(*quick, "--set", f"run_dir={mine}/runs"), "is a file, not a folder")
+
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/full"])
+def test_an_endless_device_is_no_input(tiny_checkpoint, device):
+    if not os.path.exists(device):
+        pytest.skip(f"no {device} here")
+    refused(tfm("translate", "--checkpoint", tiny_checkpoint, "--input", device), "a device that never ends")
+    refused(tfm("eval", "--hyp", device, "--ref", device), "a device that never ends")
