@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -18,6 +19,11 @@ from tiny import QUICKSTART, ROOT, TINY_SETS
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
+def _default_sigint() -> None:
+    """Give the child Ctrl-C's default action even where the tests themselves run with SIGINT ignored (nohup, &)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Proc:
     """A ``python -m cli`` subprocess, its stderr in a file; ``stdin=subprocess.PIPE`` keeps its input open."""
 
@@ -25,7 +31,7 @@ class Proc:
         self.err_path = err
         with open(err, "w") as f:
             self.p = subprocess.Popen([sys.executable, "-m", "cli", *args], env=ENV, cwd=ROOT, stdin=stdin,
-                                      stdout=subprocess.DEVNULL, stderr=f)
+                                      stdout=subprocess.DEVNULL, stderr=f, preexec_fn=_default_sigint)
 
     @property
     def stderr(self) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import shutil
 import tempfile
 from pathlib import Path
@@ -25,6 +26,7 @@ PATHS = ["in.de", "missing.de", "folder", "nofolder/out.en", "exists.en", "out.e
 NUMBERS = ["-1", "0", "1", "2", "5", "100000", "x"]
 DEVICES = ["cpu", "CPU", "gpu", "cuda", "cuda:7", "meta", "auto", ""]
 PRECISIONS = ["fp32", "bf16", "fp16", "fp8", ""]
+DEVICES_NAMED = [p for p in PATHS if p.startswith("/dev/")]  # never to be replaced, whatever the command
 QUICK = ["--set", f"data.path={SAMPLE}", "--set", "train.max_steps=2", "--set", "train.eval_every=2",
          "--set", "train.eval_sentences=4"]
 sentences = st.text(st.characters(blacklist_categories=["Cs"]), max_size=30)
@@ -119,5 +121,6 @@ def test_any_command_line_ends_in_a_documented_exit_code_and_writes_only_its_out
         stray = {p for p in changed if not any(p == o or p.startswith(o.rstrip("/") + "/") for o in outputs)}
         assert not stray, (args, stray)
         assert after.get("exists.en") == before["exists.en"] or "--overwrite" in args, args
+        assert all(stat.S_ISCHR(os.stat(d).st_mode) for d in DEVICES_NAMED if os.path.exists(d)), args
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -1,6 +1,9 @@
 """Atomic writing: what an interrupted save or removal leaves behind is repaired by clean_partial."""
 
 import os
+import stat
+
+import pytest
 
 from tiny import tiny_config
 from transformer import checkpoint
@@ -34,3 +37,12 @@ def test_a_directory_may_replace_a_file_and_leaves_nothing_beside_it(tmp_path):
         (tmp / "model.bin").write_bytes(b"new")
     assert (target / "model.bin").read_bytes() == b"new"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_device_is_never_replaced_by_a_directory():
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    with pytest.raises(FileExistsError, match="not replaced"):
+        with atomic_dir("/dev/full"):
+            pass
+    assert stat.S_ISCHR(os.stat("/dev/full").st_mode)

@@ -42,6 +42,7 @@ def test_sigint_and_sigterm_save_a_resumable_checkpoint_and_resume_continues(tmp
 
 def test_second_sigint_stops_at_once_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     real, calls = Updater.micro_loss, count(1)
+    before = signal.getsignal(signal.SIGINT)
 
     def interrupted(self, batch, total):  # one micro-batch per update here: the 4th call is update 4
         if next(calls) == 4:
@@ -58,7 +59,7 @@ def test_second_sigint_stops_at_once_and_keeps_the_previous_checkpoint(tmp_path,
     assert "SIGINT: finishing this update" in messages[-2] and "second interrupt: stopping now" in messages[-1]
     assert [p.name for p in checkpoint.step_dirs(cfg.out_dir)] == ["step_2"]  # no save after the second signal
     assert_resumable(cfg.out_dir / "checkpoints" / "step_2", 2)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is before
 
 
 def test_the_previous_handlers_return_after_the_block_even_on_an_error():
@@ -75,6 +76,7 @@ def test_ctrl_c_during_set_up_exits_130_and_a_plain_rerun_starts_afresh(tmp_path
     """A signal while the data load (or tokenizer training) runs: no traceback, no update, nothing that blocks a rerun."""
     cfg = tiny_config(tmp_path)
     messages: list[str] = []
+    before = signal.getsignal(signal.SIGINT)
 
     def log(msg: str) -> None:
         messages.append(msg)
@@ -88,4 +90,4 @@ def test_ctrl_c_during_set_up_exits_130_and_a_plain_rerun_starts_afresh(tmp_path
     messages.clear()
     assert run_trainer(cfg, log=messages.append).state.step == cfg.train.max_steps
     assert any("holds no checkpoint" in m for m in messages)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is before

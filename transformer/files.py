@@ -8,6 +8,7 @@ until the new one is in place. ``clean_partial`` undoes what an interrupted writ
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import tempfile
@@ -48,6 +49,8 @@ def temporary_name(path: Path) -> Path:
 def atomic_dir(path: str | Path) -> Iterator[Path]:
     """A fresh temporary directory; when the block ends without error its files are synced and it replaces ``path``."""
     path = Path(path)
+    if path.exists() and not (path.is_dir() or path.is_file()):  # a device or a socket is never replaced
+        raise FileExistsError(errno.EEXIST, "not a file or folder, so it is not replaced; write elsewhere", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp, old = temporary_name(path), path.with_name(f".{path.name}.old-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
