@@ -14,7 +14,7 @@ from typing import List, Optional
 import typer
 
 from cli.errors import fail, user_errors
-from cli.guards import check_creatable, check_output, same_file
+from cli.guards import check_creatable, check_output
 from transformer.process import configure_openmp
 
 configure_openmp()  # before any command loads torch
@@ -115,11 +115,7 @@ def average(
     with user_errors():
         from transformer.average import average as average_checkpoints
 
-        target = output or run / f"avg{last}"
-        if target.resolve().is_relative_to((run / "checkpoints").resolve()) or same_file(target, run):
-            fail(f"--output '{target}' would replace the run or one of its resumable checkpoints; "
-                 f"write the average elsewhere, e.g. {run / f'avg{last}'}")
-        path = average_checkpoints(run, last, target, overwrite)
+        path = average_checkpoints(run, last, output or run / f"avg{last}", overwrite)
     print(f"averaged the last {last} checkpoints of {run} into {path}", file=sys.stderr)
 
 

@@ -44,3 +44,9 @@ def test_asking_for_more_checkpoints_than_kept_is_refused(run, tmp_path):
         average(run, 5, tmp_path / "avg5")
     with pytest.raises(CheckpointError, match="no step checkpoints"):
         average(tmp_path, 1, tmp_path / "out")
+
+
+@pytest.mark.parametrize("where", ["checkpoints/step_6", "checkpoints/new", "."])
+def test_the_average_never_lands_on_the_run_or_its_resumable_checkpoints(run, where):
+    with pytest.raises(CheckpointError, match="would replace the run or one of its resumable checkpoints"):
+        average(run, 2, run / where, overwrite=True)

@@ -25,6 +25,9 @@ def average(run_dir: str | Path, last: int, output: str | Path, overwrite: bool 
     if len(dirs) < last:
         raise CheckpointError(f"{run_dir} keeps only {len(dirs)} step checkpoints ({', '.join(d.name for d in dirs)}); "
                               f"use --last {len(dirs)} or train with a larger train.keep_last")
+    if output.resolve().is_relative_to((run_dir / "checkpoints").resolve()) or output.resolve() == run_dir.resolve():
+        raise CheckpointError(f"--output '{output}' would replace the run or one of its resumable checkpoints; "
+                              f"write the average elsewhere, e.g. {run_dir / f'avg{last}'}")
     if output.exists() and not overwrite:
         raise CheckpointError(f"{output} already exists; pass --overwrite to replace it or choose another --output")
     chosen = dirs[-last:]
