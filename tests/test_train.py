@@ -122,3 +122,28 @@ def test_training_on_cuda_picks_attention_kernels_per_batch(tmp_path, monkeypatc
     assert len(seen) >= 3 and set(seen) == {(False, False, True)}
     assert cuda.cudnn_sdp_enabled() and cuda.flash_sdp_enabled()
 
+
+
+def test_run_ends_with_where_its_time_went(tmp_path):
+    """The last log entry splits the run's time into training, validation and checkpoints; the log line says it."""
+    cfg = tiny_config(tmp_path, train={"max_steps": 4, "eval_every": 2, "save_every": 2})
+    messages = []
+    run_trainer(cfg, log=messages.append)
+    log = [json.loads(line) for line in (cfg.out_dir / "log.jsonl").read_text().splitlines()]
+    end = log[-1]
+    assert end["kind"] == "end" and end["reason"] == "max_steps" and end["from_step"] == 0
+    assert min(end["train_s"], end["valid_s"], end["save_s"]) > 0
+    assert math.isclose(end["train_s"] + end["valid_s"] + end["save_s"], end["seconds"])
+    valid = [e for e in log if e["kind"] == "valid"]
+    assert math.isclose(sum(e["valid_s"] for e in valid), end["valid_s"])
+    assert re.fullmatch(r"time: [\d.]+ min: training [\d.]+ min \(\d+%\), validation [\d.]+ min \(\d+%\), "
+                        r"checkpoints [\d.]+ min \(\d+%\)", messages[-1])
+
+
+def test_time_split_of_a_resumed_run_counts_both_parts(tmp_path):
+    run_trainer(tiny_config(tmp_path, train={"max_steps": 2, "eval_every": 2, "save_every": 2}))
+    cfg = tiny_config(tmp_path, train={"max_steps": 4, "eval_every": 2, "save_every": 2})
+    run_trainer(cfg, resume=True)
+    log = [json.loads(line) for line in (cfg.out_dir / "log.jsonl").read_text().splitlines()]
+    first, second = [e for e in log if e["kind"] == "end"]
+    assert second["valid_s"] > first["valid_s"] and second["seconds"] > first["seconds"]

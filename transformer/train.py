@@ -259,8 +259,12 @@ class Trainer:
         self.state.best_bleu, self.state.evals_without_gain = verdict
 
     def _validate_and_keep_best(self) -> None:
+        began = time.monotonic()
         metrics = validate(self.model, self.tokenizer, self.cfg, self.device, self.valid, self.valid_enc)
-        self._record({"step": self.state.step, "kind": "valid", **metrics})
+        took = time.monotonic() - began
+        self.state.valid_s += took
+        self._record({"step": self.state.step, "kind": "valid", **metrics, "valid_s": took,
+                      "elapsed_s": time.monotonic() - self.start})
         if metrics["valid_bleu"] > self.state.best_bleu:
             self.state.best_bleu = metrics["valid_bleu"]
             self.state.evals_without_gain = 0
@@ -273,6 +277,7 @@ class Trainer:
 
     def _save(self, reason: str) -> None:
         """A resumable checkpoint, written by rank 0 with every rank's RNG state; the other ranks wait."""
+        began = time.monotonic()
         rank_rng = distributed.gather_rng(self.device)
         if distributed.is_main():
             meta = {"step": self.state.step, "best_bleu": self.state.best_bleu, "reason": reason}
@@ -282,6 +287,7 @@ class Trainer:
             checkpoint.save(path, self.cfg, self.tokenizer, self.model, meta, state)
             checkpoint.prune(self.run_dir, self.cfg.train.keep_last)
         distributed.barrier()
+        self.state.save_s += time.monotonic() - began
 
     def _finish(self, reason: str) -> Result:
         """Validate and save as the reason calls for, and say how the run ended."""
@@ -301,4 +307,17 @@ class Trainer:
             self._save(reason)
         self.log(f"{reason}: step {self.state.step}, best valid BLEU {self.state.best_bleu:.2f}, "
                  f"{self.state.skipped_steps} skipped updates; checkpoints in {self.run_dir}")
+        self._record_time_split(reason)
         return Result(self.state, reason, code, self.run_dir)
+
+    def _record_time_split(self, reason: str) -> None:
+        """Where the run's time went, so that a user sees whether validation or checkpoints eat the budget."""
+        s = self.state
+        total = time.monotonic() - self.start - s.split_from_s
+        train = total - s.valid_s - s.save_s
+        self._record({"step": s.step, "kind": "end", "reason": reason, "from_step": s.split_from_step,
+                      "seconds": total, "train_s": train, "valid_s": s.valid_s, "save_s": s.save_s})
+        share = [f"{name} {seconds / 60:.1f} min ({100 * seconds / max(total, 1e-9):.0f}%)"
+                 for name, seconds in (("training", train), ("validation", s.valid_s), ("checkpoints", s.save_s))]
+        since = f" since step {s.split_from_step}" if s.split_from_step else ""
+        self.log(f"time{since}: {total / 60:.1f} min: {', '.join(share)}")

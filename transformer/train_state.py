@@ -25,6 +25,10 @@ class TrainState:
     bad_in_a_row: int = 0
     last_finite_loss: float = float("nan")
     elapsed: float = 0.0
+    valid_s: float = 0.0
+    save_s: float = 0.0
+    split_from_step: int = 0
+    split_from_s: float = 0.0
     target_tokens: int = 0
 
 
@@ -46,4 +50,7 @@ def restore(saved: dict[str, Any], optimizer: torch.optim.Optimizer, scaler: tor
     torch.set_rng_state(saved["cpu_rng"])
     if saved["cuda_rng"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(saved["cuda_rng"])
-    return TrainState(**saved["state"])
+    state = TrainState(**saved["state"])
+    if "valid_s" not in saved["state"]:  # saved before time was split: the split starts here
+        state.split_from_step, state.split_from_s = state.step, state.elapsed
+    return state
