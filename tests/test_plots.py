@@ -53,6 +53,17 @@ def test_training_curves_png(tmp_path):
     assert [e["loss"] for e in plots.read_log(tmp_path)["train"]][-1] == 0.6
 
 
+def test_landmarks_are_the_last_validation_by_20_minutes_and_the_best():
+    train = [{"step": s, "kind": "train", "elapsed_s": 60.0 * s} for s in range(10, 70, 10)]  # one step a minute
+    valid = [{"step": s, "kind": "valid", "valid_bleu": b} for s, b in ((15, 10.0), (20, 20.0), (40, 35.0), (60, 33.0))]
+    marks = plots.landmarks({"train": train, "valid": valid})
+    assert marks == {"best": {"step": 40, "minutes": 40.0, "bleu": 35.0},
+                     "20 min": {"step": 20, "minutes": 20.0, "bleu": 20.0}}
+    assert list(plots.landmarks({"train": train[:1], "valid": valid[:2]})) == []  # no clock from one entry
+    short = [{"step": s, "kind": "train", "elapsed_s": 50.0 * s} for s in (10, 20)]  # ends at minute 16.7
+    assert list(plots.landmarks({"train": short, "valid": valid[:2]})) == ["best"]
+
+
 @needs_matplotlib
 def test_attention_one_head_and_all_heads(ckpt, tmp_path):
     loaded = checkpoint.load(ckpt)
@@ -95,9 +106,14 @@ def test_validation_bleu_gets_a_minutes_axis_with_the_20th_minute_marked():
 
     ax = Figure().subplots()
     train = [{"step": s, "elapsed_s": 60.0 * s / 10} for s in (10, 100, 400)]  # a minute every 10 updates
-    plots._minutes_axis(ax, train)
+    plots._minutes_axis(ax, {"train": train, "valid": []})
     assert len(ax.child_axes) == 1 and ax.child_axes[0].get_xlabel() == "minutes"
     assert [line.get_xdata()[0] for line in ax.get_lines()] == [200.0]  # minute 20 = update 200
     short = Figure().subplots()
-    plots._minutes_axis(short, train[:2])  # 10 minutes in all: no 20th minute to mark
+    plots._minutes_axis(short, {"train": train[:2], "valid": []})  # 10 minutes in all: no 20th minute to mark
     assert short.get_lines() == [] and len(short.child_axes) == 1
+    labelled = Figure().subplots()
+    plots._minutes_axis(labelled, {"train": train, "valid": [{"step": 200, "valid_bleu": 9.0},
+                                                             {"step": 400, "valid_bleu": 12.5}]})
+    assert sorted(t.get_text() for t in labelled.texts) == ["20 min: BLEU 9.0 at minute 20",
+                                                                 "best: BLEU 12.5 at minute 40"]

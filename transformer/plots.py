@@ -33,6 +33,7 @@ CURVES_SIZE = (1200, 360)  # pixels: loss, learning rate, validation BLEU side b
 PANEL_SIZE = (450, 400)  # pixels per attention head
 GRID_COLUMNS = 4
 ATTENTION_KINDS = ("cross", "encoder", "decoder")
+TWENTY = 20.0  # minutes: the budget tfm's quick comparisons use, marked on the learning curve
 
 
 def _figure(pixels: tuple[int, int]) -> Figure:
@@ -75,17 +76,49 @@ def _series(entries: list[dict[str, Any]], key: str) -> tuple[list[int], list[fl
     return [e["step"] for e in kept], [e[key] for e in kept]
 
 
-def _minutes_axis(ax: Axes, train: list[dict[str, Any]]) -> None:
-    """A top axis in wall-clock minutes (from the elapsed time training entries record), the 20th minute marked."""
+def _clock(train: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray] | None:
+    """Steps and wall-clock minutes from the elapsed time training entries record; None with fewer than two."""
     timed = [(e["step"], e["elapsed_s"] / 60) for e in train if isinstance(e.get("elapsed_s"), (int, float))]
     if len(timed) < 2:
-        return
+        return None
     steps, minutes = (np.array(v, dtype=float) for v in zip(*timed))
+    return steps, minutes
+
+
+def landmarks(log: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, float]]:
+    """The validation a user had after 20 minutes (the last one by then) and the best one, each with its step,
+    minute and BLEU; a landmark the log cannot place is left out."""
+    clock = _clock(log["train"])
+    valid = [e for e in log["valid"] if isinstance(e.get("valid_bleu"), (int, float))]
+    if clock is None or not valid:
+        return {}
+    marks = [{"step": e["step"], "minutes": float(np.interp(e["step"], *clock)), "bleu": e["valid_bleu"]}
+             for e in valid]
+    found = {"best": max(marks, key=lambda m: m["bleu"])}
+    if clock[1][-1] >= TWENTY and (by_twenty := [m for m in marks if m["minutes"] <= TWENTY]):
+        found["20 min"] = by_twenty[-1]
+    return found
+
+
+def _minutes_axis(ax: Axes, log: dict[str, list[dict[str, Any]]]) -> None:
+    """A top axis in wall-clock minutes, the 20th minute marked, and the 20-minute and best validations labelled."""
+    clock = _clock(log["train"])
+    if clock is None:
+        return
+    steps, minutes = clock
     top = ax.secondary_xaxis("top", functions=(lambda s: np.interp(s, steps, minutes),
                                               lambda m: np.interp(m, minutes, steps)))
     top.set_xlabel("minutes")
-    if minutes[-1] > 20:
-        ax.axvline(float(np.interp(20, minutes, steps)), color="gray", linestyle=":", linewidth=1)
+    if minutes[-1] > TWENTY:
+        ax.axvline(float(np.interp(TWENTY, minutes, steps)), color="gray", linestyle=":", linewidth=1)
+    marks = landmarks(log)
+    middle = (steps[0] + steps[-1]) / 2, max((m["bleu"] for m in marks.values()), default=0) / 2
+    for name, mark in marks.items():
+        left, low = mark["step"] < middle[0], mark["bleu"] < middle[1]  # labels run toward the middle
+        ax.plot(mark["step"], mark["bleu"], "*", color="black", markersize=9)
+        ax.annotate(f"{name}: BLEU {mark['bleu']:.1f} at minute {mark['minutes']:.0f}", (mark["step"], mark["bleu"]),
+                    textcoords="offset points", xytext=(6 if left else -6, 6 if low else -14),
+                    ha="left" if left else "right", fontsize=8)
 
 
 def plot_training(run_dir: str | Path, output: str | Path | None = None) -> Path:
@@ -104,7 +137,7 @@ def plot_training(run_dir: str | Path, output: str | Path | None = None) -> Path
     lr_ax.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
     bleu_ax.plot(*_series(log["valid"], "valid_bleu"), "o-", color="tab:red", markersize=3)
     bleu_ax.set(title="validation BLEU (greedy)", xlabel="step")
-    _minutes_axis(bleu_ax, log["train"])
+    _minutes_axis(bleu_ax, log)
     for ax in (loss_ax, lr_ax, bleu_ax):
         ax.grid(alpha=0.3)
     fig.suptitle(run_dir.name, fontsize=10)
