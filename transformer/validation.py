@@ -1,7 +1,9 @@
 """Validation during training: teacher-forced loss and perplexity on the valid split, greedy BLEU and chrF.
 
-Loss and perplexity use every valid pair; BLEU and chrF translate only the first ``train.eval_sentences``
-sources, so that validation stays a small part of a run.
+Loss and perplexity use every valid pair, scored as training scores them (``generator_loss``: the
+[tokens, V] logits are never whole, which at WMT's batch and vocabulary sizes would be gigabytes).
+BLEU and chrF translate only the first ``train.eval_sentences`` sources, so that validation stays a
+small part of a run.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from transformer.corpus import Corpus
 from transformer.device import autocast
 from transformer.evaluate import score
 from transformer.kernels import training_attention
-from transformer.loss import label_smoothed_nll
+from transformer.loss import generator_loss
 from transformer.model import Transformer
 from transformer.tokenizer import Tokenizer
 from transformer.translator import Translator
@@ -32,8 +34,9 @@ def validate(model: Transformer, tokenizer: Tokenizer, cfg: Config, device: torc
         for idx in make_batches(valid_enc, cfg.train.batch_tokens, cfg.seed, 0, shuffle=False):
             b = collate(valid_enc, idx, tokenizer).to(device)
             with autocast(cfg.precision, device), training_attention(device, b.longest):
-                logits = model(b.src, b.tgt_in)
-            loss, nll = label_smoothed_nll(logits, b.tgt_out, cfg.train.label_smoothing, tokenizer.pad_id)
+                hidden = model(b.src, b.tgt_in, logits=False)
+                loss, nll = generator_loss(hidden, model.generator.weight, b.tgt_out, cfg.train.label_smoothing,
+                                           tokenizer.pad_id)
             loss_sum += float(loss)
             nll_sum += float(nll)
             tokens += b.n_tokens

@@ -1,0 +1,32 @@
+"""Validation: its loss is the label-smoothed loss of the whole logits, made without them, and BLEU sits beside it."""
+
+import math
+
+import torch
+
+from tiny import tiny_config
+from transformer import train_data
+from transformer.batching import collate, make_batches
+from transformer.loss import label_smoothed_nll
+from transformer.model import build_model
+from transformer.validation import validate
+
+
+def test_loss_is_that_of_the_whole_logits_and_the_model_is_left_training(tmp_path):
+    cfg = tiny_config(tmp_path, train={"label_smoothing": 0.1})
+    cfg.out_dir.mkdir(parents=True)
+    tokenizer, _, valid, valid_enc = train_data.load(cfg, cfg.out_dir, None, lambda msg: None)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, tokenizer.vocab_size, tokenizer.pad_id)
+    metrics = validate(model, tokenizer, cfg, torch.device("cpu"), valid, valid_enc)
+    assert model.training and set(metrics) == {"valid_loss", "valid_nll", "valid_ppl", "valid_bleu", "valid_chrf"}
+    model.eval()
+    loss = nll = tokens = 0.0
+    with torch.no_grad():
+        for idx in make_batches(valid_enc, cfg.train.batch_tokens, cfg.seed, 0, shuffle=False):
+            b = collate(valid_enc, idx, tokenizer)
+            batch_loss, batch_nll = label_smoothed_nll(model(b.src, b.tgt_in), b.tgt_out, 0.1, tokenizer.pad_id)
+            loss, nll, tokens = loss + float(batch_loss), nll + float(batch_nll), tokens + b.n_tokens
+    assert math.isclose(metrics["valid_loss"], loss / tokens, rel_tol=1e-5)
+    assert math.isclose(metrics["valid_nll"], nll / tokens, rel_tol=1e-5)
+    assert math.isclose(metrics["valid_ppl"], math.exp(nll / tokens), rel_tol=1e-5)
