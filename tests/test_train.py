@@ -3,6 +3,7 @@
 import json
 import math
 import re
+import time
 from itertools import count
 
 import torch
@@ -140,10 +141,19 @@ def test_run_ends_with_where_its_time_went(tmp_path):
                         r"checkpoints [\d.]+ min \(\d+%\)", messages[-1])
 
 
-def test_time_split_of_a_resumed_run_counts_both_parts(tmp_path):
+def test_time_split_of_a_resumed_run_counts_both_parts(tmp_path, monkeypatch):
+    """A slow validation just before the last save stays in the clock the resumed run goes on from."""
+    real = train.validate
+
+    def slow(*args):
+        time.sleep(1.0)
+        return real(*args)
+
+    monkeypatch.setattr(train, "validate", slow)
     run_trainer(tiny_config(tmp_path, train={"max_steps": 2, "eval_every": 2, "save_every": 2}))
     cfg = tiny_config(tmp_path, train={"max_steps": 4, "eval_every": 2, "save_every": 2})
     run_trainer(cfg, resume=True)
     log = [json.loads(line) for line in (cfg.out_dir / "log.jsonl").read_text().splitlines()]
     first, second = [e for e in log if e["kind"] == "end"]
-    assert second["valid_s"] > first["valid_s"] and second["seconds"] > first["seconds"]
+    assert second["valid_s"] >= first["valid_s"] + 1.0 and second["seconds"] >= first["seconds"] + 1.0
+    assert second["train_s"] >= first["train_s"]

@@ -278,6 +278,7 @@ class Trainer:
     def _save(self, reason: str) -> None:
         """A resumable checkpoint, written by rank 0 with every rank's RNG state; the other ranks wait."""
         began = time.monotonic()
+        self.state.elapsed = began - self.start  # with the validation just before: a resumed run goes on from here
         rank_rng = distributed.gather_rng(self.device)
         if distributed.is_main():
             meta = {"step": self.state.step, "best_bleu": self.state.best_bleu, "reason": reason}
