@@ -5,11 +5,12 @@ included (as ``nn.CrossEntropyLoss(label_smoothing=eps)`` does). Both values are
 sums over non-pad target tokens, so the caller divides by the token count of the
 whole update, however many micro-batches it spans.
 
-``label_smoothed_nll`` scores logits (validation, and the reference in tests). Training uses
-``generator_loss``, which fuses the output projection with the loss: logits are made a chunk of
-rows at a time and turned into their gradient, ``(softmax - smoothed target) * keep``, while still
-in cache, so the [tokens, V] logits never exist whole: faster on a CPU, and less memory everywhere
-(``python -m bench.levers`` and ``bench.gpu`` measure it against whole logits).
+``label_smoothed_nll`` scores whole logits: the plain definition, which tests and the benchmarks'
+whole-logits side use. Training and validation use ``generator_loss``, which fuses the output
+projection with the loss: logits are made a chunk of rows at a time and (in training) turned into
+their gradient, ``(softmax - smoothed target) * keep``, while still in cache, so the [tokens, V]
+logits never exist whole: faster on a CPU, and less memory everywhere (``python -m bench.levers``
+and ``bench.gpu`` measure it against whole logits).
 """
 
 from __future__ import annotations
