@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from cli.errors import fail
-from cli.guards import check_beam, check_folder, check_input, write_failed
+from cli.guards import check_alpha, check_beam, check_folder, check_input, write_failed
 
 
 def _read(path: Path) -> list[str]:
@@ -25,7 +25,7 @@ def _print_scores(scores) -> None:
 
 def run_eval(checkpoint: Path | None, split: str | None, src: Path | None, ref: Path | None, hyp: Path | None,
              beam: int | None, data_dir: str | None, device: str, precision: str, runs: Path,
-             output_dir: Path | None = None) -> None:
+             output_dir: Path | None = None, alpha: float | None = None) -> None:
     """Print BLEU with its signature and chrF; write hypotheses and scores JSON to ``output_dir`` (default: the
     checkpoint's eval/). The scores are printed before anything is written, so a failed write loses no result."""
     from transformer import checkpoint as ckpt
@@ -47,6 +47,7 @@ def run_eval(checkpoint: Path | None, split: str | None, src: Path | None, ref: 
     from transformer.device import check_precision, resolve_device
     from transformer.translator import Translator
 
+    check_alpha(alpha)
     dev = resolve_device(device)
     check_precision(precision, dev)
     path = checkpoint or ckpt.newest(runs)
@@ -68,16 +69,19 @@ def run_eval(checkpoint: Path | None, split: str | None, src: Path | None, ref: 
                             f"'{cfg.data.path}'; pass --data-dir to read it elsewhere)") from None
         sources, references = list(corpus.src), list(corpus.tgt)
     beam = beam or cfg.decode.beam
+    if alpha is not None:
+        cfg.decode.alpha = alpha
     translator = Translator(loaded.model, loaded.tokenizer, cfg.decode, cfg.model.max_positions, dev, precision)
     hyps = [t.best for t in translator.translate(sources, beam)]
     scores = score(hyps, references, cfg.data.tgt_lang, cfg.decode.bleu_tokenize)
     _print_scores(scores)
     out_dir = output_dir or path / "eval"
-    result = {"checkpoint": str(path), "split": name, "beam": beam, **scores.as_dict()}
+    result = {"checkpoint": str(path), "split": name, "beam": beam, "alpha": cfg.decode.alpha, **scores.as_dict()}
+    stem = f"{name}.beam{beam}" + (f".alpha{alpha:g}" if alpha is not None else "")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / f"{name}.beam{beam}.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-        (out_dir / f"{name}.beam{beam}.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
+        (out_dir / f"{stem}.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+        (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
     except OSError as e:
         write_failed(f"the report in {out_dir} (the scores above are complete; pass --output-dir to save it elsewhere)", e)
     print(f"hypotheses and scores in {out_dir}/")

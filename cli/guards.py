@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import stat
 import sys
@@ -80,6 +81,12 @@ def check_beam(beam: int | None, vocab_size: int) -> None:
     """A beam no wider than the vocabulary: a wider one keeps hypotheses that can only repeat the vocabulary."""
     if beam is not None and beam > vocab_size:
         fail(f"--beam {beam} is larger than the model's vocabulary ({vocab_size:,} tokens); use at most {vocab_size}")
+
+
+def check_alpha(alpha: float | None) -> None:
+    """A finite length penalty of 0 or more: nan or inf would make every beam hypothesis score alike."""
+    if alpha is not None and not (math.isfinite(alpha) and alpha >= 0):
+        fail(f"--alpha {alpha} is not a number of 0 or more; give e.g. --alpha 0.6 (0 turns the penalty off)")
 
 
 def write_failed(path: Path | str, e: OSError) -> None:

@@ -65,6 +65,7 @@ def translate(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write translations here (default: stdout)"),
     beam: Optional[int] = typer.Option(None, "--beam", min=1, help="Beam size (default: the config's, 4)"),
     greedy: bool = typer.Option(False, "--greedy", help="Greedy search (same as --beam 1)"),
+    alpha: Optional[float] = typer.Option(None, "--alpha", help="Beam length penalty (default: the config's)"),
     nbest: int = typer.Option(1, "--nbest", min=1, help="Print the K best: 'line ||| text ||| score'"),
     batch_tokens: Optional[int] = typer.Option(None, "--batch-tokens", "--batch-size", min=1, help="Source tokens per batch"),
     device: str = typer.Option("auto", "--device", help="auto|cpu|cuda|cuda:N|mps"),
@@ -77,7 +78,7 @@ def translate(
 
     with user_errors():
         run_translate(text, checkpoint, input_, output, 1 if greedy else beam, nbest, batch_tokens, device,
-                      precision, runs, overwrite)
+                      precision, runs, overwrite, alpha)
 
 
 @app.command(name="eval")
@@ -88,6 +89,7 @@ def eval_(
     ref: Optional[Path] = typer.Option(None, "--ref", help="Reference file for --src or --hyp"),
     hyp: Optional[Path] = typer.Option(None, "--hyp", help="Score this hypothesis file against --ref (no model)"),
     beam: Optional[int] = typer.Option(None, "--beam", min=1, help="Beam size (default: the config's, 4)"),
+    alpha: Optional[float] = typer.Option(None, "--alpha", help="Beam length penalty (default: the config's)"),
     data_dir: Optional[str] = typer.Option(None, "--data-dir", help="Corpus location (overrides the checkpoint's data.path)"),
     device: str = typer.Option("auto", "--device", help="auto|cpu|cuda|cuda:N|mps"),
     precision: str = typer.Option("fp32", "--precision", help="fp32|bf16|fp16"),
@@ -101,7 +103,7 @@ def eval_(
     with user_errors():
         if (src is None) != (ref is None) and hyp is None:
             fail("--src and --ref go together; give both, or neither to use the config's test split")
-        run_eval(checkpoint, split, src, ref, hyp, beam, data_dir, device, precision, runs, output_dir)
+        run_eval(checkpoint, split, src, ref, hyp, beam, data_dir, device, precision, runs, output_dir, alpha)
 
 
 @app.command()

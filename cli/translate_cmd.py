@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import IO, Iterable, Iterator
 
 from cli.errors import fail
-from cli.guards import check_beam, check_input, check_output, check_stdout, write_failed
+from cli.guards import check_alpha, check_beam, check_input, check_output, check_stdout, write_failed
 
 
 def _lines(stream: Iterable[bytes], name: str) -> Iterator[str]:
@@ -46,7 +46,7 @@ def _out_of_memory(e: BaseException) -> bool:
 
 def run_translate(text: str | None, checkpoint: Path | None, input_: Path | None, output: Path | None,
                   beam: int | None, nbest: int, batch_tokens: int | None, device: str, precision: str,
-                  runs: Path, overwrite: bool = False) -> None:
+                  runs: Path, overwrite: bool = False, alpha: float | None = None) -> None:
     """Translate ``text``, ``--input`` or stdin into ``--output`` or stdout; every check comes before any work."""
     from transformer import checkpoint as ckpt
     from transformer.device import check_precision, resolve_device
@@ -60,6 +60,7 @@ def run_translate(text: str | None, checkpoint: Path | None, input_: Path | None
         check_output(output, overwrite, (input_,))
     else:
         check_stdout()
+    check_alpha(alpha)
     dev = resolve_device(device)
     check_precision(precision, dev)
     loaded = ckpt.load(checkpoint or ckpt.newest(runs), dev)
@@ -67,6 +68,8 @@ def run_translate(text: str | None, checkpoint: Path | None, input_: Path | None
     decode = loaded.cfg.decode
     if batch_tokens is not None:
         decode.batch_tokens = batch_tokens
+    if alpha is not None:
+        decode.alpha = alpha
     translator = Translator(loaded.model, loaded.tokenizer, decode, loaded.cfg.model.max_positions, dev, precision)
     with contextlib.ExitStack() as stack:
         if text is not None:

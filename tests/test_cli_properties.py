@@ -24,6 +24,7 @@ EXIT_CODES = {0, 2}
 PATHS = ["in.de", "missing.de", "folder", "nofolder/out.en", "exists.en", "out.en", "runs/tiny/checkpoints/step_6",
          "runs/tiny", "runs/tiny/best", "out_dir", "/dev/full", "/dev/null", "/dev/zero", "runs/tiny/../in.de", "./in.de"]
 NUMBERS = ["-1", "0", "1", "2", "5", "100000", "x"]
+ALPHAS = ["0", "0.6", "-1", "nan", "inf", "x"]
 DEVICES = ["cpu", "CPU", "gpu", "cuda", "cuda:7", "meta", "auto", ""]
 PRECISIONS = ["fp32", "bf16", "fp16", "fp8", ""]
 DEVICES_NAMED = [p for p in PATHS if p.startswith("/dev/")]  # never to be replaced, whatever the command
@@ -44,9 +45,11 @@ def command() -> st.SearchStrategy[list[str]]:
     translate = st.tuples(st.just(["translate"]), st.one_of(st.just([]), sentences.map(lambda s: [s])),
                           option("--input", path), option("--output", path), option("--beam", st.sampled_from(NUMBERS)),
                           option("--nbest", st.sampled_from(NUMBERS)), option("--batch-tokens", st.sampled_from(NUMBERS)),
-                          st.sampled_from([[], ["--greedy"], ["--overwrite"]]), *common)
+                          option("--alpha", st.sampled_from(ALPHAS)), st.sampled_from([[], ["--greedy"], ["--overwrite"]]),
+                          *common)
     eval_ = st.tuples(st.just(["eval"]), option("--src", path), option("--ref", path), option("--hyp", path),
-                      option("--beam", st.sampled_from(NUMBERS)), option("--output-dir", path),
+                      option("--beam", st.sampled_from(NUMBERS)), option("--alpha", st.sampled_from(ALPHAS)),
+                      option("--output-dir", path),
                       option("--data-dir", path), *common)
     average = st.tuples(st.just(["average"]), st.sampled_from(["runs/tiny", "missing", "in.de"]).map(lambda p: [p]),
                         option("--last", st.sampled_from(NUMBERS)), option("--output", path),

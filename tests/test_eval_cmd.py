@@ -1,5 +1,7 @@
 """`tfm eval` (cli/eval_cmd.py): inputs that do not line up are refused before any work."""
 
+import json
+
 from typer.testing import CliRunner
 
 from cli.main import app
@@ -18,3 +20,15 @@ def test_eval_refuses_files_of_different_line_counts(tiny_checkpoint, tmp_path):
                                  "--device", "cpu", "--beam", "1"])
     assert r.exit_code == 2 and "src.de has 2 lines but" in one_error_line(r.stderr)
     assert not (tiny_checkpoint / "eval").exists()
+
+
+def test_eval_alpha_is_recorded_beside_the_beam(tiny_checkpoint, tmp_path):
+    src, ref = tmp_path / "src.de", tmp_path / "ref.en"
+    src.write_text("Ein Hund.\nDie Frau.\n", encoding="utf-8")
+    ref.write_text("A dog.\nThe woman.\n", encoding="utf-8")
+    out = tmp_path / "out"
+    r = CliRunner().invoke(app, ["eval", "--checkpoint", str(tiny_checkpoint), "--src", str(src), "--ref", str(ref),
+                                 "--device", "cpu", "--beam", "2", "--alpha", "1.5", "--output-dir", str(out)])
+    assert r.exit_code == 0, r.output
+    saved = json.loads((out / "src.de.beam2.alpha1.5.json").read_text())
+    assert saved["alpha"] == 1.5 and saved["beam"] == 2 and (out / "src.de.beam2.alpha1.5.hyp").is_file()

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from cli.translate_cmd import run_translate
-from cli_helpers import Proc
+from cli_helpers import Proc, one_error_line
 from transformer import checkpoint
 from transformer.translator import Translator
 
@@ -87,3 +87,20 @@ def test_any_bytes_file_gives_one_output_line_per_input_line(tiny_checkpoint, tm
     out.unlink(missing_ok=True)  # hypothesis runs every example in the same tmp_path
     run_translate(None, tiny_checkpoint, src, out, 1, 1, None, "cpu", "fp32", tmp_path)
     assert out.read_text(encoding="utf-8").count("\n") == len(rows)
+
+
+def test_alpha_sets_the_length_penalty_of_nbest_scores(tiny_checkpoint):
+    """Scores are log-probabilities divided by ((5 + len) / 6) ** alpha: alpha 0 leaves them raw, alpha 2 shrinks them."""
+    def scores(alpha: str) -> list[float]:
+        r = CliRunner().invoke(app, ["translate", SENTENCE, "--checkpoint", str(tiny_checkpoint), "--device", "cpu",
+                                     "--beam", "4", "--nbest", "4", "--alpha", alpha])
+        assert r.exit_code == 0, r.output
+        return [float(line.split(" ||| ")[2]) for line in r.stdout.splitlines()]
+    raw, penalised = scores("0"), scores("2")
+    assert raw != penalised and max(raw) < 0 and min(penalised) > min(raw)
+
+
+@pytest.mark.parametrize("alpha", ["nan", "inf", "-1"])
+def test_a_length_penalty_below_0_or_not_finite_is_one_line(tiny_checkpoint, alpha):
+    r = _translate(tiny_checkpoint, SENTENCE, "--alpha", alpha)
+    assert r.exit_code == 2 and "is not a number of 0 or more" in one_error_line(r.stderr)
