@@ -23,11 +23,11 @@ import sys
 from datetime import date
 from pathlib import Path
 
-import yaml
-
 from bench.common import DEFAULT_DATA, ROOT, machine
+from transformer.checkpoint import read_config
 
 AVERAGED = 3  # checkpoints in the mean that competes with best/
+AVG = f"avg{AVERAGED}"  # its folder in each run
 
 
 def _tfm(args: list[str], log: Path, threads: int) -> subprocess.Popen:
@@ -71,8 +71,7 @@ def _evaluate(runs: Path, pairs: list[tuple[str, str]], split: str, data: str, d
     """Score each (run, checkpoint) on ``split`` ("valid" or "test": the run's config names them), all at once."""
     procs = {}
     for name, ck in pairs:
-        cfg = yaml.safe_load((runs / name / "config.yaml").read_text())
-        which = ["--split", cfg["data"]["valid_split"]] if split == "valid" else []
+        which = ["--split", read_config(runs / name / ck).data.valid_split] if split == "valid" else []
         procs[(name, ck)] = _tfm(["eval", "--checkpoint", str(runs / name / ck), *which, "--data-dir", data,
                                   "--device", device, "--output-dir", str(runs / name / f"eval-{ck}-{split}")],
                                  runs / f"{name}.{ck}.{split}.txt", threads)
@@ -80,11 +79,10 @@ def _evaluate(runs: Path, pairs: list[tuple[str, str]], split: str, data: str, d
     return {pair: _score(runs / pair[0] / f"eval-{pair[1]}-{split}") for pair in pairs}
 
 
-def search(config: str, variants: list[str], data: str, runs: Path, device: str, minutes: float, threads: int,
-           common: list[str], test: bool) -> dict:
-    """Train every variant side by side, score each on val, and the best one on test if ``test``."""
+def search(config: str, named: dict[str, list[str]], data: str, runs: Path, device: str, minutes: float,
+           threads: int, common: list[str], test: bool) -> dict:
+    """Train every variant (name: its overrides) side by side, score each on val, the best one on test if ``test``."""
     runs.mkdir(parents=True, exist_ok=True)
-    named = {v.split()[0]: v.split()[1:] for v in variants}
     train = {name: _tfm(["train", "--config", config, "--data-dir", data, "--quiet", "--overwrite",
                          *[a for s in [f"name={name}", f"run_dir={runs}", f"device={device}",
                                        f"train.max_minutes={minutes}", *common, *sets] for a in ("--set", s)]],
@@ -92,17 +90,17 @@ def search(config: str, variants: list[str], data: str, runs: Path, device: str,
              for name, sets in named.items()}
     exit_codes = _wait(train)
     trained = [n for n in named if exit_codes[n] == 0]
-    averaged = {n: _tfm(["average", str(runs / n), "--last", str(AVERAGED), "--output", str(runs / n / "avg3"),
+    averaged = {n: _tfm(["average", str(runs / n), "--last", str(AVERAGED), "--output", str(runs / n / AVG),
                          "--overwrite"], runs / f"{n}.average.txt", threads) for n in trained}
     averaged = _wait(averaged)
-    pairs = [(n, "best") for n in trained] + [(n, "avg3") for n in trained if averaged[n] == 0]
+    pairs = [(n, "best") for n in trained] + [(n, AVG) for n in trained if averaged[n] == 0]
     val = _evaluate(runs, pairs, "valid", data, device, threads)
     result = {"config": config, "device": device, "minutes": minutes, "threads": threads, "common": common, "runs": {}}
     for name, sets in named.items():
         entry = {"set": sets, "exit_code": exit_codes[name]}
         if name in trained:
             entry |= _log(runs / name)
-            entry["val"] = {ck: val.get((name, ck)) for ck in ("best", "avg3")}
+            entry["val"] = {ck: val.get((name, ck)) for ck in ("best", AVG)}
         result["runs"][name] = entry
     scored = [(s["bleu"], pair) for pair, s in val.items() if s]
     if scored:
@@ -114,7 +112,7 @@ def search(config: str, variants: list[str], data: str, runs: Path, device: str,
 
 
 def _table(result: dict) -> str:
-    rows = ["variant              updates  minutes  val best/  val avg3"]
+    rows = [f"variant              updates  minutes  val best/  val {AVG}"]
     for name, r in result["runs"].items():
         if "val" not in r:
             rows.append(f"{name:20} training failed (exit {r['exit_code']})")
@@ -143,10 +141,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--test", action="store_true", help="score the one chosen on val on the test split")
     p.add_argument("--json", type=Path, help="write the result here too")
     args = p.parse_args(argv)
-    names = [v.split()[0] for v in args.variant if v.split()]
-    if len(names) != len(args.variant) or len(set(names)) != len(names):
+    named = {v.split()[0]: v.split()[1:] for v in args.variant if v.split()}
+    if len(named) != len(args.variant):
         p.error("each --variant needs a name of its own")
-    result = search(args.config, args.variant, args.data, args.runs, args.device, args.minutes, args.threads,
+    result = search(args.config, named, args.data, args.runs, args.device, args.minutes, args.threads,
                     args.common, args.test)
     result = {"date": date.today().isoformat(), "machine": machine(),
               "command": "python -m bench.recipe_search " + " ".join(sys.argv[1:] if argv is None else argv),
