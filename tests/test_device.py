@@ -14,8 +14,19 @@ def test_auto_precision_on_cuda_is_bf16_from_ampere_and_fp16_before(capability, 
     assert resolve_precision("auto", torch.device("cuda")) == precision
 
 
-def test_auto_precision_is_fp32_off_cuda_and_names_pass_through():
+@pytest.mark.parametrize("amx, precision", [(True, "bf16"), (False, "fp32")])
+def test_auto_precision_on_a_cpu_is_bf16_only_with_amx(amx, precision, monkeypatch):
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    assert resolve_precision("auto", torch.device("cpu")) == precision
+    assert resolve_precision("auto", torch.device("mps")) == "fp32"
+
+
+def test_auto_precision_is_fp32_on_a_torch_that_cannot_tell_amx(monkeypatch):
+    monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported", raising=False)
     assert resolve_precision("auto", torch.device("cpu")) == "fp32"
+
+
+def test_precision_names_pass_through():
     assert [resolve_precision(p, torch.device("cpu")) for p in ("fp32", "bf16", "fp16")] == ["fp32", "bf16", "fp16"]
 
 

@@ -6,6 +6,7 @@ import re
 import time
 from itertools import count
 
+import pytest
 import torch
 
 from tiny import run_trainer, step_of, tiny_config
@@ -96,12 +97,14 @@ def test_non_finite_updates_are_skipped_counted_and_stop_training_with_a_diagnos
         assert checkpoint.load_trainer_state(path)["state"]["step"] == step_of(path)
 
 
-def test_auto_precision_trains_as_resolved_and_the_run_config_records_it(tmp_path):
+@pytest.mark.parametrize("amx, resolved", [(True, "bf16"), (False, "fp32")])
+def test_auto_precision_trains_as_resolved_and_the_run_config_records_it(tmp_path, monkeypatch, amx, resolved):
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
     cfg = tiny_config(tmp_path, precision="auto", train={"max_steps": 1})
     logs = []
     run_trainer(cfg, log=logs.append)
-    assert cfg.precision == "auto" and any(m.endswith("on cpu in fp32") for m in logs)
-    assert "precision: fp32" in (cfg.out_dir / "config.yaml").read_text()
+    assert cfg.precision == "auto" and any(m.endswith(f"on cpu in {resolved}") for m in logs)
+    assert f"precision: {resolved}" in (cfg.out_dir / "config.yaml").read_text()
 
 
 def test_training_on_cuda_picks_attention_kernels_per_batch(tmp_path, monkeypatch):
