@@ -44,7 +44,8 @@ def resolve_precision(name: str, device: torch.device) -> str:
     """``auto``: bf16 on a CUDA GPU with bf16 tensor cores (compute capability 8.0 and up), fp16 with loss
     scaling on older ones, bf16 on a CPU with AMX tiles, fp32 elsewhere; other names are returned as they are.
 
-    Only AMX makes bf16 autocast train faster than fp32 on a CPU (``python -m bench.run`` compares the two).
+    On CPUs without AMX, bf16 autocast trained slower than fp32; with AMX, faster (``python -m bench.run``
+    compares the two).
     """
     if name != "auto":
         return name
