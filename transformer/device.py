@@ -55,7 +55,7 @@ def resolve_precision(name: str, device: torch.device) -> str:
 
 
 def cpu_has_amx() -> bool:
-    """Whether this CPU has AMX tiles (Intel Xeon from Sapphire Rapids on): matrix units that multiply bf16."""
+    """Whether this CPU has AMX tiles, the matrix units that multiply bf16 (torch's own check of the CPU flags)."""
     supported = getattr(torch.cpu, "_is_amx_tile_supported", None)  # private; older torch builds lack it
     return bool(supported and supported())
 
