@@ -144,6 +144,29 @@ def test_run_ends_with_where_its_time_went(tmp_path):
                         r"checkpoints [\d.]+ min \(\d+%\)", messages[-1])
 
 
+def test_logged_throughput_leaves_out_validation_and_saving(tmp_path, monkeypatch):
+    """A window of updates with a slow validation and save in it logs the speed of its updates alone."""
+    real_validate, real_save = train.validate, train.checkpoint.save
+
+    def slow_validate(*args):
+        time.sleep(1.0)
+        return real_validate(*args)
+
+    def slow_save(*args):
+        time.sleep(1.0)
+        return real_save(*args)
+
+    monkeypatch.setattr(train, "validate", slow_validate)
+    monkeypatch.setattr(train.checkpoint, "save", slow_save)
+    cfg = tiny_config(tmp_path, train={"max_steps": 4, "log_every": 2, "eval_every": 3, "save_every": 3})
+    run_trainer(cfg)
+    log = [json.loads(line) for line in (cfg.out_dir / "log.jsonl").read_text().splitlines()]
+    last = [e for e in log if e["kind"] == "train"][-1]
+    assert last["step"] == 4
+    # Updates 3 and 4 hold at most 2 x 300 target tokens: counted with the 3 s slept, the log could say 200 a second.
+    assert last["target_tokens_per_s"] > 2 * cfg.train.batch_tokens
+
+
 def test_time_split_of_a_resumed_run_counts_both_parts(tmp_path, monkeypatch):
     """A slow validation just before the last save stays in the clock the resumed run goes on from."""
     real = train.validate

@@ -141,7 +141,7 @@ class Trainer:
                         dynamic_ncols=True, unit="step")
         self.model.train()
         self.start = time.monotonic() - self.state.elapsed
-        self.window_tokens, self.window_start = 0, time.monotonic()
+        self.window_tokens, self.window_start, self.window_aside = 0, time.monotonic(), self._aside()
         self.last_eval_step = -1
         self.first_step, self.timed_from = self.state.step + 1, 0.0
         self.signals.training = True
@@ -221,21 +221,25 @@ class Trainer:
         return None
 
     def _count(self, loss: float, nll: float, tokens: int) -> None:
-        """Book a finite update; every ``log_every`` updates, log it with the throughput since the last log."""
+        """Book a finite update; every ``log_every`` updates, log it with the training throughput since the last log."""
         self.state.bad_in_a_row = 0
         self.state.last_finite_loss = loss
         self.state.target_tokens += tokens
         self.window_tokens += tokens
         if self.state.step % self.cfg.train.log_every != 0:
             return
-        now = time.monotonic()
-        tps = self.window_tokens / max(now - self.window_start, 1e-9)
-        self.window_tokens, self.window_start = 0, now
+        now, aside = time.monotonic(), self._aside()
+        tps = self.window_tokens / max(now - self.window_start - (aside - self.window_aside), 1e-9)
+        self.window_tokens, self.window_start, self.window_aside = 0, now, aside
         lr = self.optimizer.param_groups[0]["lr"]
         self.bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}")
         self._record({"step": self.state.step, "kind": "train", "loss": loss, "nll": nll,
                       "ppl": math.exp(min(nll, 50.0)), "lr": lr, "target_tokens_per_s": tps,
                       "skipped_steps": self.state.skipped_steps, "elapsed_s": self.state.elapsed})
+
+    def _aside(self) -> float:
+        """Seconds this run has spent validating and saving, which its logged throughput leaves out."""
+        return self.state.valid_s + self.state.save_s
 
     def _agree_on_stop(self) -> None:
         """Ranks stop together: each takes the latest signal and the longest elapsed time any rank has seen."""
@@ -269,7 +273,9 @@ class Trainer:
             self.state.best_bleu = metrics["valid_bleu"]
             self.state.evals_without_gain = 0
             meta = {"step": self.state.step, **metrics}
+            began = time.monotonic()
             checkpoint.save(self.run_dir / "best", self.cfg, self.tokenizer, self.model, meta)
+            self.state.save_s += time.monotonic() - began
         else:
             self.state.evals_without_gain += 1
         self.log(f"step {self.state.step}: valid loss {metrics['valid_loss']:.3f} ppl {metrics['valid_ppl']:.2f} "
