@@ -10,7 +10,8 @@ Sections (all by default, or pick with --sections):
   levers   each speed-up measured alone, without and with it (bench.levers)
   contended  the process-wide levers again while 3 other torch processes keep the CPU busy
   compile  torch.compile against eager training (not in the default: compiling takes minutes)
-Decoding needs a trained model: pass --checkpoint, or a small one is trained first for --train-minutes.
+Decoding, start-up, memory and levers need a trained model: pass --checkpoint, or a small one is trained
+first for --train-minutes. train and compile alone need only its tokenizer, trained in seconds when not given.
 --quick: fewer rounds, the small shape only, 3,000 lines for the memory test, a 3-minute model.
 
 Run: python -m bench.run [--quick] [--checkpoint DIR] [--data DIR] [--json PATH]
@@ -35,7 +36,9 @@ from bench.flops import matmul_peak
 from transformer import checkpoint
 from transformer.config import DataConfig
 from transformer.corpus import load_split
+from transformer.tokenizer import Tokenizer, train_tokenizer
 
+MODEL_SECTIONS = {"decode", "startup", "memory", "levers", "contended"}
 TARGETS = {"train_vs_marian": 1.3, "bf16_vs_fp32": 1.5, "decode_vs_generate": 2.0, "ct2_vs_tfm": 1.5,
            "bleu_gap": 0.2, "help_s": 1.0, "translate_s": 3.0, "rss_growth": 1.1}
 
@@ -49,6 +52,12 @@ def train_checkpoint(data: str, runs: Path, minutes: float) -> Path:
     print(f"training a small model for {minutes:g} min: {' '.join(args)} --set {' --set '.join(sets)}", flush=True)
     subprocess.run([*args, *[x for s in sets for x in ("--set", s)]], cwd=ROOT, check=True)
     return runs / name / "best"
+
+
+def small_tokenizer(data: str) -> Tokenizer:
+    """configs/small.yaml's BPE trained on Multi30k's train split: all that the train and compile sections need."""
+    cfg = shape_config("small", data)
+    return train_tokenizer(cfg.tokenizer, load_split(cfg.data, cfg.data.train_split))
 
 
 def run_train(args: argparse.Namespace, tok, peaks: dict[str, float]) -> list[dict[str, Any]]:
@@ -202,14 +211,18 @@ def main() -> None:
     args.runs.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     minutes = args.train_minutes if args.train_minutes is not None else (3.0 if args.quick else 20.0)
-    ckpt = args.checkpoint or train_checkpoint(args.data, args.runs, minutes)
-    loaded = checkpoint.load(ckpt)
+    ckpt = args.checkpoint
+    if ckpt is None and sections & MODEL_SECTIONS:
+        ckpt = train_checkpoint(args.data, args.runs, minutes)
+    loaded = checkpoint.load(ckpt) if ckpt else None
+    tok = loaded.tokenizer if loaded else small_tokenizer(args.data)
     test = load_split(DataConfig(format="multi30k", path=args.data), "test_2016_flickr")
     lines, refs = list(test.src), list(test.tgt)
-    result: dict[str, Any] = {"command": " ".join(sys.argv), "machine": machine(), "checkpoint": str(ckpt),
-                              "checkpoint_step": loaded.meta.get("step"), "targets": TARGETS, "peaks_gflops": {}}
+    result: dict[str, Any] = {"command": " ".join(sys.argv), "machine": machine(), "targets": TARGETS,
+                              "checkpoint": str(ckpt) if ckpt else None,
+                              "checkpoint_step": loaded.meta.get("step") if loaded else None, "peaks_gflops": {}}
     if "train" in sections:
-        result["train"] = run_train(args, loaded.tokenizer, result["peaks_gflops"])
+        result["train"] = run_train(args, tok, result["peaks_gflops"])
     if "decode" in sections:
         result["decode"] = run_decode(args, loaded, lines, refs)
     if sections & {"startup", "memory"}:
@@ -220,8 +233,8 @@ def main() -> None:
         result.setdefault("levers", []).extend(levers.omp_waiting(str(ckpt), args.data, 2 if args.quick else 4, 3))
     if "compile" in sections:
         cfg = shape_config("small", args.data)
-        batches = train_speed.bench_batches(cfg, loaded.tokenizer, 8, str(args.runs / ".cache"))
-        result.setdefault("levers", []).append(levers.compiled(cfg, loaded.tokenizer, batches, 4 if args.quick else 8))
+        batches = train_speed.bench_batches(cfg, tok, 8, str(args.runs / ".cache"))
+        result.setdefault("levers", []).append(levers.compiled(cfg, tok, batches, 4 if args.quick else 8))
     result["machine_after"] = machine()
     result["minutes"] = (time.perf_counter() - start) / 60
     out = args.json or args.runs / "results.json"
