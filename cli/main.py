@@ -2,7 +2,7 @@
 
 Library modules are imported inside each command so that ``tfm --help`` answers
 without loading torch. Every error a user can fix is printed as one line and
-exits with code 2. Process-wide settings (OpenMP, threads, malloc) come from transformer/process.py.
+exits with code 2. Process-wide settings (OpenMP, threads, malloc, oneDNN's cache) come from transformer/process.py.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ import typer
 
 from cli.errors import fail, user_errors
 from cli.guards import check_creatable, check_output
-from transformer.process import configure_openmp
+from transformer.process import configure_onednn, configure_openmp
 
 configure_openmp()  # before any command loads torch
+configure_onednn()
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Train and run the translation Transformer of 'Attention Is All You Need'.")

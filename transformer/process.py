@@ -1,10 +1,12 @@
-"""Process-wide settings: how OpenMP threads wait, how many threads decode, what glibc's malloc keeps.
+"""Process-wide settings: how OpenMP threads wait, how many threads decode, what glibc's malloc keeps, how many
+matmul kernels oneDNN keeps.
 
 They change the whole process, so only the entry points (``cli`` and ``bench``) apply them, and a
 user's own environment variables always win. The defaults suit a machine of one's own. Where other
 jobs share the CPU, ``TFM_SHARED_CPU=1`` makes idle OpenMP threads sleep soon instead of spinning
 and decodes small batches on one thread, so that tfm's threads do not wait on busy cores
-(measured by ``python -m bench.levers``). torch is imported late so ``configure_openmp`` can run first.
+(measured by ``python -m bench.levers``). torch is imported late so ``configure_openmp`` and
+``configure_onednn`` can run first.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ SMALL_DECODE_ROWS = 64
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters, from glibc's malloc.h
 MMAP_THRESHOLD = 32 * 2**20  # the largest value glibc accepts on a 64-bit system
 TRIM_THRESHOLD = 2**30
+ONEDNN_CACHE_KEYS = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY")
+PRIMITIVE_CACHE_CAPACITY = "16384"  # oneDNN's default is 1,024
 MALLOC_KEYS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_MAX_", "MALLOC_TOP_PAD_")
 
 
@@ -39,6 +43,18 @@ def configure_openmp() -> None:
     """On a shared CPU, let idle OpenMP threads spin briefly, then sleep; must run before torch starts OpenMP."""
     if shared_cpu() and not any(k in os.environ for k in OMP_KEYS):
         os.environ["GOMP_SPINCOUNT"] = SHORT_SPIN
+
+
+def configure_onednn() -> None:
+    """Let oneDNN keep 16,384 matmul primitives, not 1,024, unless the user chose; must run before its first matmul.
+
+    bf16 matmuls on a CPU run through oneDNN, which builds a primitive (a kernel for one shape) per new
+    shape, at a cost above that of running it. Token-sized training batches and the greedy decoding of
+    validation bring well over a thousand shapes; with 1,024 kept, the cache evicts and rebuilds them for the rest
+    of the run (measured in bench/results/2026-11-27-cpu-onednn-cache.json).
+    """
+    if not any(k in os.environ for k in ONEDNN_CACHE_KEYS):
+        os.environ[ONEDNN_CACHE_KEYS[0]] = PRIMITIVE_CACHE_CAPACITY
 
 
 @contextlib.contextmanager
