@@ -14,7 +14,8 @@ from transformer.process import (ONEDNN_CACHE_KEYS, OMP_KEYS, PRIMITIVE_CACHE_CA
 
 
 def fresh(code: str, **env: str) -> str:
-    """stdout of ``code`` in a new Python process with only ``env`` of tfm's, malloc's and OpenMP's variables."""
+    """stdout of ``code`` in a new Python process with only ``env`` of tfm's, malloc's, OpenMP's and oneDNN's
+    variables."""
     ours = (SHARED_CPU, *OMP_KEYS, *ONEDNN_CACHE_KEYS, "GLIBC_TUNABLES", "ONEDNN_VERBOSE")
     clean = {k: v for k, v in os.environ.items() if k not in ours and not k.startswith("MALLOC_")}
     return subprocess.run([sys.executable, "-c", code], env={**clean, "PYTHONPATH": str(ROOT), **env},
