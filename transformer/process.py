@@ -51,7 +51,7 @@ def configure_onednn() -> None:
     bf16 matmuls on a CPU run through oneDNN, which builds a primitive (a kernel for one shape) per new
     shape, at a cost above that of running it. Token-sized training batches and the greedy decoding of
     validation bring well over a thousand shapes; with 1,024 kept, the cache evicts and rebuilds them for the rest
-    of the run (measured in bench/results/2026-11-27-cpu-onednn-cache.json).
+    of the run (bench/README.md lists the runs that measured it).
     """
     if not any(k in os.environ for k in ONEDNN_CACHE_KEYS):
         os.environ[ONEDNN_CACHE_KEYS[0]] = PRIMITIVE_CACHE_CAPACITY
