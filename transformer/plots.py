@@ -117,7 +117,7 @@ def _minutes_axis(ax: Axes, log: dict[str, list[dict[str, Any]]]) -> None:
         left, low = mark["step"] < middle[0], mark["bleu"] < middle[1]  # labels run toward the middle
         ax.plot(mark["step"], mark["bleu"], "*", color="black", markersize=9)
         ax.annotate(f"{name}: BLEU {mark['bleu']:.1f} at minute {mark['minutes']:.0f}", (mark["step"], mark["bleu"]),
-                    textcoords="offset points", xytext=(6 if left else -6, 6 if low else -14),
+                    textcoords="offset points", xytext=(6 if left else -6, 6 if low else -24),
                     ha="left" if left else "right", fontsize=8)
 
 
