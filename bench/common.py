@@ -13,6 +13,7 @@ import resource
 import statistics
 import time
 from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 
 import torch
@@ -22,6 +23,8 @@ from transformer.process import OMP_KEYS, SHARED_CPU
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = os.environ.get("TFM_MULTI30K", str(ROOT.parent / "shared" / "data" / "multi30k"))
+PEERS = ("transformers", "ctranslate2")
+MATMUL_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")  # what decides fp32 and bf16 matmul speed
 
 
 def interleave(systems: dict[str, Callable[[int], float | None]], rounds: int) -> dict[str, list[float]]:
@@ -61,17 +64,32 @@ def page_fault_us(mb: int = 256) -> float:
     return took / max(1, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) * 1e6
 
 
+def _peer_versions() -> dict[str, str | None]:
+    """The installed peers' versions, from package metadata (nothing imported): their speed moves with releases."""
+    found: dict[str, str | None] = {}
+    for name in PEERS:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
 def machine() -> dict[str, object]:
-    """The hardware and software every figure depends on."""
-    cpu = platform.processor() or platform.machine()
+    """The hardware and software every figure depends on; ``cpu_flags`` names the matmul units a CPU model name hides."""
+    cpu, flags = platform.processor() or platform.machine(), set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                cpu = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
                 break
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+    return {"cpu": cpu, "cpu_flags": [f for f in MATMUL_FLAGS if f in flags], "cores": os.cpu_count(),
+            "threads": torch.get_num_threads(), "torch": torch.__version__, **_peer_versions(),
             "python": platform.python_version(), "load_avg_1min": round(os.getloadavg()[0], 2),
             "page_fault_us": round(page_fault_us(), 2),
             **{k.lower(): os.environ.get(k) for k in (*OMP_KEYS, SHARED_CPU)},
