@@ -8,9 +8,8 @@ before any benchmark loads torch. CTranslate2 has its own OpenMP runtime (see be
 
 import os
 
-from transformer.process import configure_onednn, configure_openmp
+from transformer.process import configure_before_torch
 
 _spin_exported = "GOMP_SPINCOUNT" in os.environ
-configure_openmp()
-configure_onednn()
+configure_before_torch()
 SPIN_SET_HERE = not _spin_exported and "GOMP_SPINCOUNT" in os.environ  # set by configure_openmp, not the user

@@ -15,10 +15,9 @@ import typer
 
 from cli.errors import fail, user_errors
 from cli.guards import check_creatable, check_output
-from transformer.process import configure_onednn, configure_openmp
+from transformer.process import configure_before_torch
 
-configure_openmp()  # before any command loads torch
-configure_onednn()
+configure_before_torch()  # before any command loads torch
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Train and run the translation Transformer of 'Attention Is All You Need'.")

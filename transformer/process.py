@@ -5,8 +5,7 @@ They change the whole process, so only the entry points (``cli`` and ``bench``) 
 user's own environment variables always win. The defaults suit a machine of one's own. Where other
 jobs share the CPU, ``TFM_SHARED_CPU=1`` makes idle OpenMP threads sleep soon instead of spinning
 and decodes small batches on one thread, so that tfm's threads do not wait on busy cores
-(measured by ``python -m bench.levers``). torch is imported late so ``configure_openmp`` and
-``configure_onednn`` can run first.
+(measured by ``python -m bench.levers``). torch is imported late so ``configure_before_torch`` can run first.
 """
 
 from __future__ import annotations
@@ -55,6 +54,12 @@ def configure_onednn() -> None:
     """
     if not any(k in os.environ for k in ONEDNN_CACHE_KEYS):
         os.environ[ONEDNN_CACHE_KEYS[0]] = PRIMITIVE_CACHE_CAPACITY
+
+
+def configure_before_torch() -> None:
+    """OpenMP's waiting and oneDNN's cache, which must be set before torch loads: each entry point calls this first."""
+    configure_openmp()
+    configure_onednn()
 
 
 @contextlib.contextmanager
