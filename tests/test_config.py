@@ -57,7 +57,9 @@ def test_unknown_key_suggests_the_right_one(tmp_path):
     ("model: 3\n", r"model: expected a section"),
     ("train:\n  betas: [0.9]\n", r"train.betas must be two numbers"),
     ("data:\n  src_lang: en\n  tgt_lang: en\n", r"pick two languages"),
-    ("compile: true\n", r"compile: true is not supported: .* set compile: false"),
+    ("compile: true\n", r"compile: true is not read at the top level; .* train.compile: true"),
+    ("train:\n  cuda_graphs: true\n", r"train.cuda_graphs needs train.static_shapes: true"),
+    ("train:\n  prefetch: -1\n", r"train.prefetch: -1 is out of range"),
 ])
 def test_bad_values_name_the_key(tmp_path, text, pattern):
     with pytest.raises(ConfigError, match=pattern):

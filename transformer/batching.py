@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from transformer.arrow_files import open_arrow, write_arrow, write_json
@@ -251,14 +252,18 @@ def _cut(sizes: np.ndarray, budget: int) -> np.ndarray:
     return np.array(cuts, dtype=np.int64)
 
 
-def padding_fraction(data: EncodedCorpus, batches: Sequence[Sequence[int]], pad_multiple: int = 1) -> float:
-    """Share of the batches' tensor cells (source and target) that are padding."""
+def padding_fraction(data: EncodedCorpus, batches: Sequence[Sequence[int]], pad_multiple: int = 1,
+                     static_tokens: int | None = None) -> float:
+    """Share of the batches' tensor cells (source and target) that are padding, empty rows of
+    ``collate(..., static_tokens)`` included."""
     real = padded = 0
     for b in batches:
         i = np.asarray(b)
         s, t = data.src_lengths[i] + 1, data.tgt_lengths[i] + 1
+        S, T = int(_round_up(s.max(), pad_multiple)), int(_round_up(t.max(), pad_multiple))
+        rows = len(i) if static_tokens is None else max(len(i), static_rows(static_tokens, S, T))
         real += int(s.sum() + t.sum())
-        padded += len(i) * int(_round_up(s.max(), pad_multiple) + _round_up(t.max(), pad_multiple))
+        padded += rows * (S + T)
     return 1 - real / padded if padded else 0.0
 
 
@@ -280,8 +285,19 @@ def source_tensor(ids: Sequence[Sequence[int]], tokenizer: Tokenizer, pad_multip
     return torch.from_numpy(src)
 
 
-def collate(data: EncodedCorpus, indices: Sequence[int], tokenizer: Tokenizer, pad_multiple: int = 1) -> Batch:
-    """The batch of pairs ``indices``: source + <END>, <START> + target, target + <END>, right-padded."""
+def static_rows(batch_tokens: int, src_len: int, tgt_len: int) -> int:
+    """Rows of a batch of static shape: as many sequences of the longer side's padded length as the budget holds."""
+    return max(1, batch_tokens // max(src_len, tgt_len))
+
+
+def collate(data: EncodedCorpus, indices: Sequence[int], tokenizer: Tokenizer, pad_multiple: int = 1,
+            static_tokens: int | None = None) -> Batch:
+    """The batch of pairs ``indices``: source + <END>, <START> + target, target + <END>, right-padded.
+
+    With ``static_tokens`` the batch also gets rows of nothing but <PAD> up to ``static_rows``, so
+    that its shape depends on its padded lengths alone and repeats from batch to batch (what a CUDA
+    graph or a compiled kernel of one shape needs). Empty rows add nothing to the loss or the gradients.
+    """
     idx = np.asarray(indices, dtype=np.int64)
     src = source_tensor(data.src.runs(idx), tokenizer, pad_multiple)
     tgt_values, tgt_len = data.tgt.gather(idx)
@@ -291,4 +307,8 @@ def collate(data: EncodedCorpus, indices: Sequence[int], tokenizer: Tokenizer, p
     tgt_in[:, 0] = tokenizer.start_id
     tgt_out = _padded(tgt_values, tgt_len, width, pad)
     tgt_out[np.arange(len(tgt_len)), tgt_len] = tokenizer.end_id
-    return Batch(src, torch.from_numpy(tgt_in), torch.from_numpy(tgt_out), int(tgt_len.sum()) + len(tgt_len))
+    tgt_in, tgt_out = torch.from_numpy(tgt_in), torch.from_numpy(tgt_out)
+    if static_tokens is not None:
+        extra = static_rows(static_tokens, src.size(1), width) - len(idx)
+        src, tgt_in, tgt_out = (F.pad(t, (0, 0, 0, max(extra, 0)), value=pad) for t in (src, tgt_in, tgt_out))
+    return Batch(src, tgt_in, tgt_out, int(tgt_len.sum()) + len(tgt_len))

@@ -90,6 +90,10 @@ class TrainConfig:
     patience: int = 10
     max_bad_steps: int = 20
     log_every: int = 50
+    static_shapes: bool = False  # batches padded to batch_tokens // max(S, T) rows: shapes repeat (for CUDA graphs)
+    compile: bool = False  # torch.compile the model's forward and backward in training (CUDA only)
+    cuda_graphs: bool = False  # replay each batch shape's forward and backward as a CUDA graph (needs static_shapes)
+    prefetch: int = 0  # updates collated ahead in a background thread (0: none)
 
 
 @dataclass
@@ -160,6 +164,7 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("train.patience", lambda v: v >= 1, "at least 1"),
     ("train.max_bad_steps", lambda v: v >= 1, "at least 1"),
     ("train.log_every", lambda v: v >= 1, "at least 1"),
+    ("train.prefetch", lambda v: 0 <= v <= 64, "in [0, 64] (0: off)"),
     ("decode.beam", lambda v: v >= 1, "at least 1"),
     ("decode.alpha", lambda v: v >= 0, "0 or more"),
     ("decode.max_len_a", lambda v: v >= 0, "0 or more"),
@@ -264,9 +269,11 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"name: '{cfg.name}' must be a plain name (letters, digits, '.', '_', '-'): the run goes to "
                           "run_dir/name; choose the folder with run_dir")
     if cfg.compile:
-        raise ConfigError("compile: true is not supported: torch.compile made training slower in tfm's benchmarks, "
-                          "after a long first step for every new batch shape (python -m bench.run, bench.gpu); "
-                          "set compile: false")
+        raise ConfigError("compile: true is not read at the top level; torch.compile of training is train.compile "
+                          "(CUDA only): set compile: false and train.compile: true")
+    if cfg.train.cuda_graphs and not cfg.train.static_shapes:
+        raise ConfigError("train.cuda_graphs needs train.static_shapes: true (a graph replays one batch shape); "
+                          "set both")
     m = cfg.model
     if m.d_model % m.h:
         raise ConfigError(f"model.d_model ({m.d_model}) must be divisible by model.h ({m.h}); change one of them")

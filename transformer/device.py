@@ -7,6 +7,7 @@ from typing import ContextManager
 
 import torch
 
+from transformer.config import TrainConfig
 from transformer.errors import ConfigError
 
 
@@ -73,3 +74,14 @@ def autocast(precision: str, device: torch.device) -> ContextManager:
     if precision == "fp32":
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=DTYPES[precision])
+
+
+def check_gpu_switches(train: TrainConfig, precision: str, device: torch.device) -> None:
+    """train.compile and train.cuda_graphs run on CUDA only (on a CPU both measured slower or do not exist); graphs
+    replay no loss scale, so they need bf16 or fp32."""
+    for key, on in (("train.compile", train.compile), ("train.cuda_graphs", train.cuda_graphs)):
+        if on and device.type != "cuda":
+            raise ConfigError(f"{key}: true needs a CUDA GPU but the device is {device.type}; set {key}: false")
+    if train.cuda_graphs and precision == "fp16":
+        raise ConfigError("train.cuda_graphs: true does not work with precision fp16 (loss scaling); use bf16 or fp32, "
+                          "or set train.cuda_graphs: false")

@@ -13,6 +13,7 @@ Under torchrun each of W processes runs ``accumulate`` of an update's ``accumula
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
@@ -27,14 +28,16 @@ from tqdm import tqdm
 from transformer import checkpoint, distributed, run_dir, train_data, train_state
 from transformer.batching import make_batches
 from transformer.config import Config, dump
-from transformer.device import check_precision, resolve_device, resolve_precision
+from transformer.device import check_gpu_switches, check_precision, resolve_device, resolve_precision
+from transformer.errors import ConfigError
 from transformer.forecast import TIMED_UPDATES, forecast
 from transformer.model import build_model
+from transformer.prefetch import ahead
 from transformer.schedule import make_optimizer
 from transformer.signals import StopSignals
 from transformer.tokenizer import Tokenizer
 from transformer.train_state import TrainState
-from transformer.update import Updater
+from transformer.update import UpdateBatches, Updater, collate_update
 from transformer.validation import validate
 
 
@@ -62,6 +65,7 @@ class Trainer:
         # precision: auto becomes what this device runs best, and the run's config.yaml records it
         self.cfg = replace(cfg, precision=resolve_precision(cfg.precision, self.device))
         check_precision(self.cfg.precision, self.device)
+        check_gpu_switches(self.cfg.train, self.cfg.precision, self.device)
         self.state = TrainState()
 
     def run(self) -> Result:
@@ -71,6 +75,9 @@ class Trainer:
         """
         distributed.init(self.device)
         try:
+            if self.cfg.train.cuda_graphs and distributed.world_size() > 1:
+                raise ConfigError("train.cuda_graphs: true runs in one process only, not under torchrun; "
+                                  "set train.cuda_graphs: false")
             if not distributed.is_main():
                 self.log, self.quiet = (lambda msg: None), True
             elif note := distributed.unused_gpus_note(self.device):
@@ -105,8 +112,7 @@ class Trainer:
         distributed.seed_dropout(cfg.seed)
         self.optimizer = make_optimizer(self.model, t, self.device)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16")
-        self.update = Updater(cfg, self.device, self.model, ddp, self.optimizer, self.scaler, self.tokenizer,
-                              self.train_enc)
+        self.update = Updater(cfg, self.device, self.model, ddp, self.optimizer, self.scaler, self.tokenizer)
         if distributed.is_main():
             (self.run_dir / checkpoint.CONFIG).write_text(dump(cfg), encoding="utf-8")
         if resume_from is not None:
@@ -165,17 +171,27 @@ class Trainer:
         t = self.cfg.train
         batches = make_batches(self.train_enc, t.batch_tokens, self.cfg.seed, self.state.epoch,
                                shuffle=True, pad_multiple=t.pad_multiple)
-        while self.state.batch_in_epoch < len(batches):
-            i = self.state.batch_in_epoch
-            micro = batches[i:i + t.accumulate * distributed.world_size()]  # the update's, all ranks'
-            out = self.update(micro, self.state.step + 1)
-            self.state.batch_in_epoch = i + len(micro)
-            self.state.step += 1
-            self.state.elapsed = time.monotonic() - self.start
-            self.bar.update(1)
-            if reason := self._after_update(out):
-                return reason
+        size = t.accumulate * distributed.world_size()  # the update's batches, all ranks'
+        pin = self.device.type == "cuda"
+
+        def collated(i: int) -> tuple[int, UpdateBatches]:
+            return i, collate_update(batches[i:i + size], self.train_enc, self.tokenizer, self.cfg, pin)
+
+        with contextlib.closing(ahead(collated, range(self.state.batch_in_epoch, len(batches), size), t.prefetch)) \
+                as updates:
+            for i, work in updates:
+                if reason := self._one_update(work, min(i + size, len(batches))):
+                    return reason
         return None
+
+    def _one_update(self, work: UpdateBatches, batch_in_epoch: int) -> str | None:
+        """Run one update and book it; the reason to stop, if any."""
+        out = self.update(work, self.state.step + 1)
+        self.state.batch_in_epoch = batch_in_epoch
+        self.state.step += 1
+        self.state.elapsed = time.monotonic() - self.start
+        self.bar.update(1)
+        return self._after_update(out)
 
     def _after_update(self, out: tuple[float, float, int] | None) -> str | None:
         """Count the update, then validate, save and check the limits as due; the reason to stop, if any."""

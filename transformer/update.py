@@ -3,15 +3,22 @@
 The loss is label-smoothed cross-entropy summed over the update's micro-batches and divided by the
 whole update's non-pad target tokens (every rank's, under torchrun), so the gradient does not depend
 on how the tokens were split into batches or across processes.
+
+Two switches change how the micro-batches run on a GPU, not what they compute: ``train.compile``
+(torch.compile of the model's forward and backward) and ``train.cuda_graphs`` (each batch shape's
+forward, loss and backward replayed as a CUDA graph, transformer.cuda_graphs).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from transformer import distributed
 from transformer.batching import Batch, EncodedCorpus, collate
 from transformer.config import Config
+from transformer.cuda_graphs import MicroStepGraphs
 from transformer.device import autocast
 from transformer.kernels import training_attention
 from transformer.loss import generator_loss
@@ -20,39 +27,75 @@ from transformer.schedule import learning_rate
 from transformer.tokenizer import Tokenizer
 
 
+COMPILE_BACKEND = "inductor"  # torch.compile's default; the CPU tests swap in "aot_eager", which compiles in seconds
+
+
+@dataclass
+class UpdateBatches:
+    """One update's work for this process: its micro-batches (on the CPU) with their weights, and the whole
+    update's non-pad target tokens (every rank's)."""
+
+    batches: list[tuple[Batch, float]]
+    total: int
+
+
+def collate_update(micro: list[list[int]], data: EncodedCorpus, tokenizer: Tokenizer, cfg: Config,
+                   pin: bool = False) -> UpdateBatches:
+    """This rank's micro-batches of one update's index lists, collated (and pinned, for an asynchronous copy)."""
+    t = cfg.train
+    static = t.batch_tokens if t.static_shapes else None
+    batches = []
+    for idx, weight in distributed.shard(micro):  # this rank's batches: all of them in a single process
+        b = collate(data, idx, tokenizer, t.pad_multiple, static)
+        batches.append((_pinned(b) if pin else b, weight))
+    return UpdateBatches(batches, distributed.target_tokens(data.tgt_lengths, micro))
+
+
+def _pinned(b: Batch) -> Batch:
+    return Batch(b.src.pin_memory(), b.tgt_in.pin_memory(), b.tgt_out.pin_memory(), b.n_tokens)
+
+
 class Updater:
     """Runs optimizer updates of ``model`` (through ``ddp``, its DistributedDataParallel wrapper or itself)."""
 
     def __init__(self, cfg: Config, device: torch.device, model: Transformer, ddp: torch.nn.Module,
-                 optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, tokenizer: Tokenizer,
-                 train_enc: EncodedCorpus) -> None:
+                 optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, tokenizer: Tokenizer) -> None:
         self.cfg, self.device = cfg, device
         self.model, self.ddp = model, ddp
+        self.forward = torch.compile(ddp, backend=COMPILE_BACKEND) if cfg.train.compile else ddp
         self.optimizer, self.scaler = optimizer, scaler
-        self.tokenizer, self.train_enc = tokenizer, train_enc
+        self.tokenizer = tokenizer
+        self.graphs = MicroStepGraphs(self._graphed_step, device) if cfg.train.cuda_graphs else None
 
-    def micro_loss(self, batch: Batch, total_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def micro_loss(self, batch: Batch, total: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One micro-batch's loss divided by the update's target tokens, and its summed NLL."""
         with autocast(self.cfg.precision, self.device), training_attention(self.device, batch.longest):
-            hidden = self.ddp(batch.src, batch.tgt_in, logits=False)
+            hidden = self.forward(batch.src, batch.tgt_in, logits=False)
             loss_sum, nll_sum = generator_loss(hidden, self.model.generator.weight, batch.tgt_out,
                                                self.cfg.train.label_smoothing, self.tokenizer.pad_id)
-        return loss_sum / total_tokens, nll_sum
+        return loss_sum / total, nll_sum
 
-    def __call__(self, micro: list[list[int]], step: int) -> tuple[float, float, int] | None:
-        """Update ``step`` (from 1) over micro-batches; (loss, nll per token, target tokens), or None if skipped."""
-        pin = self.device.type == "cuda"
-        mine = distributed.shard(micro)  # this rank's batches: all of them in a single process
-        batches = [collate(self.train_enc, idx, self.tokenizer, self.cfg.train.pad_multiple) for idx, _ in mine]
-        total = distributed.target_tokens(self.train_enc.tgt_lengths, micro)  # the whole update's, on every rank
-        world = distributed.world_size()
+    def _graphed_step(self, batch: Batch, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward, loss and backward with the divisor as a tensor (what a CUDA graph may replay): the loss's sum
+        times ``scale`` (1 / the update's tokens) and the NLL's sum; the backward of the first."""
+        loss, nll = self.micro_loss(batch, 1)
+        loss = loss * scale
+        loss.backward()
+        return loss.detach(), nll.detach()
+
+    def __call__(self, work: UpdateBatches, step: int) -> tuple[float, float, int] | None:
+        """Update ``step`` (from 1) over one update's batches; (loss, nll per token, target tokens), or None if skipped."""
+        world, total = distributed.world_size(), work.total
         sums = torch.zeros(2, device=self.device)  # this rank's share of the update's loss and nll
-        for k, (b, (_, weight)) in enumerate(zip(batches, mine)):
-            b = b.to(self.device, non_blocking=pin)
-            with distributed.sync_unless(self.ddp, skip=k < len(batches) - 1):
-                loss, nll = self.micro_loss(b, total)
-                # DDP averages gradients over ranks: x world makes it their sum. A filler batch weighs 0.
-                self.scaler.scale(loss * (weight * world)).backward()
+        for k, (b, weight) in enumerate(work.batches):
+            b = b.to(self.device, non_blocking=self.device.type == "cuda")
+            if self.graphs is not None:  # one process, bf16 or fp32: no DDP sync, no loss scale, weight 1
+                loss, nll = self.graphs(b, 1.0 / total)
+            else:
+                with distributed.sync_unless(self.ddp, skip=k < len(work.batches) - 1):
+                    loss, nll = self.micro_loss(b, total)
+                    # DDP averages gradients over ranks: x world makes it their sum. A filler batch weighs 0.
+                    self.scaler.scale(loss * (weight * world)).backward()
             sums += torch.stack([loss.detach(), nll.detach()]) * weight
         loss_total, nll_total = distributed.all_sum(sums)
         self.scaler.unscale_(self.optimizer)
@@ -68,7 +111,8 @@ class Updater:
         if finite:
             self.scaler.step(self.optimizer)
         self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        # CUDA graphs add into the .grad tensors they captured: those must stay, zeroed.
+        self.optimizer.zero_grad(set_to_none=self.graphs is None)
         if not finite:
             return None
         return loss_value, nll_value / total, total

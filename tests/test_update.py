@@ -1,0 +1,65 @@
+"""One optimizer update: the compiled step and the CUDA-graph step compute what the eager step computes."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from tiny import tiny_config
+from transformer import update
+from transformer.batching import encode_corpus, make_batches
+from transformer.corpus import load_split
+from transformer.model import build_model
+from transformer.schedule import make_optimizer
+from transformer.tokenizer import train_tokenizer
+from transformer.update import Updater, collate_update
+
+CUDA = torch.cuda.is_available()
+
+
+def _updates(tmp_path, device, count, **train):
+    """Parameters after ``count`` updates (cycling over the first 3 batches) of a dropout-free tiny model, and losses."""
+    cfg = tiny_config(tmp_path, model={"dropout": 0.0}, train={"batch_tokens": 200, **train})
+    cfg = replace(cfg, precision="fp32")
+    corpus = load_split(cfg.data, cfg.data.train_split)
+    tok = train_tokenizer(cfg.tokenizer, corpus)
+    data = encode_corpus(corpus, tok, cfg.data.max_len, tmp_path / "cache")
+    order = make_batches(data, cfg.train.batch_tokens, cfg.seed, 0, pad_multiple=cfg.train.pad_multiple)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, tok.vocab_size, tok.pad_id).to(device).train()
+    opt = make_optimizer(model, cfg.train, device)
+    scaler = torch.amp.GradScaler(device.type, enabled=False)
+    step = Updater(cfg, device, model, model, opt, scaler, tok)
+    losses = [step(collate_update([order[r % 3]], data, tok, cfg), r + 1)[0] for r in range(count)]
+    return [p.detach().cpu() for p in model.parameters()], losses, step
+
+
+def _assert_same(a, b, tol):
+    (params_a, losses_a, _), (params_b, losses_b, _) = a, b
+    assert losses_b == pytest.approx(losses_a, rel=tol)
+    for x, y in zip(params_a, params_b):
+        torch.testing.assert_close(y, x, rtol=tol, atol=tol)
+
+
+def test_compiled_step_gives_the_eager_losses_and_weights(tmp_path, monkeypatch):
+    """torch.compile's graph capture and autograd (aot_eager: the same tracing as inductor, eager kernels) change
+    nothing that is learned."""
+    monkeypatch.setattr(update, "COMPILE_BACKEND", "aot_eager")
+    cpu = torch.device("cpu")
+    _assert_same(_updates(tmp_path / "eager", cpu, 4), _updates(tmp_path / "compiled", cpu, 4, compile=True), 1e-5)
+
+
+def test_static_shapes_add_only_empty_rows(tmp_path):
+    """Rows of nothing but <PAD> change neither the loss nor the gradients."""
+    cpu = torch.device("cpu")
+    _assert_same(_updates(tmp_path / "a", cpu, 3), _updates(tmp_path / "b", cpu, 3, static_shapes=True), 1e-5)
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need a CUDA GPU")
+def test_cuda_graphs_replay_the_eager_update(tmp_path):
+    """Each of 3 shapes runs eagerly, is captured, then replayed: 9 updates end where 9 eager ones do."""
+    gpu = torch.device("cuda")
+    eager = _updates(tmp_path / "eager", gpu, 9, static_shapes=True)
+    graphed = _updates(tmp_path / "graphs", gpu, 9, static_shapes=True, cuda_graphs=True)
+    assert len(graphed[2].graphs) == 3
+    _assert_same(eager, graphed, 1e-4)
