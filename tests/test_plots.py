@@ -92,6 +92,13 @@ def test_cli_attention_and_plot(ckpt, tmp_path):
     assert r.exit_code == 2 and "log.jsonl not found" in r.output
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_picture_that_cannot_be_written_is_one_line(ckpt):
+    r = CliRunner().invoke(app, ["attention", SENTENCE, "--checkpoint", str(ckpt), "--output", "/dev/full"])
+    assert r.exit_code == 2, r.output
+    assert r.output.strip().splitlines()[-1].startswith("error: No space left on device: '/dev/full'")
+
+
 def test_missing_matplotlib_is_one_clear_error(ckpt, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import now raises ImportError
     r = CliRunner().invoke(app, ["attention", SENTENCE, "--checkpoint", str(ckpt), "--output", str(tmp_path / "a.png")])

@@ -45,8 +45,12 @@ def _figure(pixels: tuple[int, int]) -> Figure:
 
 
 def _save(fig: Figure, output: Path) -> Path:
+    """Write the PNG; a failed write (a full disk, /dev/full) names the output, so the CLI says it in one line."""
     output.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(output, format="png", dpi=DPI)
+    try:
+        fig.savefig(output, format="png", dpi=DPI)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(output)) from None
     return output
 
 
