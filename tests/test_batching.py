@@ -14,6 +14,7 @@ import torch
 
 from transformer.batching import (
     Batch, EncodedCorpus, collate, encode_corpus, make_batches, padded_sizes, padding_fraction, sorted_batches, source_tensor,
+    static_rows,
 )
 from transformer.corpus import Corpus
 from transformer.tokenizer import Tokenizer
@@ -187,3 +188,61 @@ def test_two_million_pairs_stay_far_below_their_python_size(tmp_path: Path) -> N
     )
     assert n == kept == 2_000_000
     assert peak - base < python / 3
+
+
+@pytest.mark.parametrize("pad_multiple", [1, 8])
+def test_static_collate_adds_empty_rows_up_to_static_rows(m30k_encoded: EncodedCorpus, multi30k_tokenizer: Tokenizer,
+                                                          pad_multiple: int) -> None:
+    """Rows of nothing but <PAD> up to static_rows, after the real rows, which are those of a plain collate."""
+    t = multi30k_tokenizer
+    batches = make_batches(m30k_encoded, 2000, seed=2, epoch=0, pad_multiple=pad_multiple)
+    grew = 0
+    for b in batches:
+        plain = collate(m30k_encoded, b, t, pad_multiple)
+        static = collate(m30k_encoded, b, t, pad_multiple, static_tokens=2000)
+        S, T = plain.src.size(1), plain.tgt_in.size(1)
+        rows = static_rows(2000, S, T)
+        assert rows >= len(b)  # the batch fits the budget it was cut to, so no real row is lost
+        assert static.src.shape == (rows, S) and static.tgt_in.shape == static.tgt_out.shape == (rows, T)
+        for name in ("src", "tgt_in", "tgt_out"):
+            real, extra = getattr(static, name)[: len(b)], getattr(static, name)[len(b):]
+            assert torch.equal(real, getattr(plain, name))
+            assert bool((extra == t.pad_id).all())
+        assert static.n_tokens == plain.n_tokens == int((static.tgt_out != t.pad_id).sum())
+        assert static.src.dtype == static.tgt_in.dtype == static.tgt_out.dtype == torch.long
+        grew += rows > len(b)
+    assert grew  # some batch (the last of a length) did get empty rows
+
+
+def test_static_rows_fill_the_budget_with_the_longer_side() -> None:
+    assert static_rows(2000, 10, 20) == 100 and static_rows(2000, 20, 10) == 100 and static_rows(2000, 30, 7) == 66
+    assert static_rows(100, 150, 3) == 1  # a batch holds at least one row
+
+
+def test_static_collate_never_drops_a_row_of_a_batch_over_its_budget(sample_tokenizer: Tokenizer, tmp_path: Path) -> None:
+    t = sample_tokenizer
+    corpus = small_corpus([("Ein Mann fährt Fahrrad.", "A man rides a bike."), ("Ja, bitte.", "Yes, please."),
+                           ("Der Hund.", "The dog.")])
+    enc = encode_corpus(corpus, t, 100, tmp_path)
+    plain = collate(enc, [0, 1, 2], t)
+    static = collate(enc, [0, 1, 2], t, static_tokens=4)  # static_rows is 1 here
+    assert static_rows(4, plain.src.size(1), plain.tgt_in.size(1)) == 1
+    for name in ("src", "tgt_in", "tgt_out"):
+        assert torch.equal(getattr(static, name), getattr(plain, name))
+    assert static.n_tokens == plain.n_tokens
+
+
+@pytest.mark.parametrize("pad_multiple", [1, 8])
+def test_padding_fraction_counts_the_empty_rows_of_static_batches(m30k_encoded: EncodedCorpus,
+                                                                  multi30k_tokenizer: Tokenizer, pad_multiple: int) -> None:
+    """At least the plain fraction, and the share of <PAD> cells in the collated source and target tensors."""
+    batches = make_batches(m30k_encoded, 2000, seed=4, epoch=1, pad_multiple=pad_multiple)
+    plain = padding_fraction(m30k_encoded, batches, pad_multiple)
+    static = padding_fraction(m30k_encoded, batches, pad_multiple, static_tokens=2000)
+    assert 0 <= plain < static < 1  # the last batch of a length is not full: it gets empty rows
+    pads = cells = 0
+    for b in batches:
+        batch = collate(m30k_encoded, b, multi30k_tokenizer, pad_multiple, static_tokens=2000)
+        pads += int((batch.src == multi30k_tokenizer.pad_id).sum() + (batch.tgt_out == multi30k_tokenizer.pad_id).sum())
+        cells += batch.src.numel() + batch.tgt_out.numel()
+    assert static == pytest.approx(pads / cells)

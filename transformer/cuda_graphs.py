@@ -71,7 +71,8 @@ class MicroStepGraphs:
         scale = torch.ones((), device=self.device)
         torch.cuda.synchronize(self.device)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # thread_local: the prefetch thread may pin host memory meanwhile, which a global capture would forbid
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             loss, nll = self.step(static, scale)
         self.pool = self.pool or graph.pool()
         return _Captured(graph, static, scale, loss, nll)
