@@ -24,15 +24,15 @@ import torch
 from bench.common import DEFAULT_DATA, ROOT
 from bench.marian_peer import build_marian, marian_logits
 from transformer import checkpoint
-from transformer.batching import collate, encode_corpus, make_batches, source_tensor
+from transformer.text.batching import collate, encode_corpus, make_batches, source_tensor
 from transformer.config import Config, load
-from transformer.corpus import load_split
-from transformer.evaluate import score
-from transformer.loss import label_smoothed_nll
-from transformer.schedule import learning_rate
-from transformer.tokenizer import train_tokenizer
-from transformer.train import Trainer
-from transformer.translator import Translator
+from transformer.text.corpus import load_split
+from transformer.decoding.scoring import score
+from transformer.training.loss import label_smoothed_nll
+from transformer.training.schedule import learning_rate
+from transformer.text.tokenizer import train_tokenizer
+from transformer.training.trainer import Trainer
+from transformer.decoding.translator import Translator
 
 # The peer's recipe as measured on this machine (issue 4): peak 5e-4 after 200 linear warm-up steps.
 PEER_RECIPE = {"peak_lr": 5e-4, "warmup": 200}

@@ -34,11 +34,11 @@ from bench import SPIN_SET_HERE
 from bench.common import interleave, paired_ratio
 from bench.marian_peer import build_marian, copy_tfm_weights
 from transformer import checkpoint
-from transformer.batching import source_tensor
-from transformer.evaluate import score
-from transformer.export import export
-from transformer.search import max_output_lengths
-from transformer.translator import Translator
+from transformer.text.batching import source_tensor
+from transformer.decoding.scoring import score
+from transformer.decoding.export import export
+from transformer.decoding.search import max_output_lengths
+from transformer.decoding.translator import Translator
 
 Decoder = Callable[[list[str], int], list[str]]
 

@@ -27,9 +27,9 @@ from bench.common import DEFAULT_DATA, interleave, machine, median, paired_ratio
 from bench.flops import matmul_peak, train_flops
 from bench.levers import lever_row, without_with
 from transformer import checkpoint
-from transformer.batching import Batch, EncodedCorpus, collate, encode_corpus, make_batches
-from transformer.corpus import load_split
-from transformer.tokenizer import Tokenizer, train_tokenizer
+from transformer.text.batching import Batch, EncodedCorpus, collate, encode_corpus, make_batches
+from transformer.text.corpus import load_split
+from transformer.text.tokenizer import Tokenizer, train_tokenizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

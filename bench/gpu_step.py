@@ -5,7 +5,7 @@ alone and all together against the update as the Trainer runs it by default (Mar
 Sections, each written to the JSON as soon as it is done:
   profile  one base bf16 update of 25,000 tokens under torch.profiler, levers off and (no compile) on: wall time,
            GPU busy time, kernel launches per update, GPU time by kernel family
-  levers   target tokens/s of the Trainer's own update (transformer.update.Updater, collation included) with
+  levers   target tokens/s of the Trainer's own update (transformer.training.update.Updater, collation included) with
            static shapes, CUDA graphs and both, against the default and MarianMTModel, alternated update by update
   compile  the same for train.compile alone and with static shapes and CUDA graphs, with the seconds the first
            updates took (compilation); last, since compiling takes minutes
@@ -36,14 +36,14 @@ import torch
 from bench import train_speed
 from bench.common import DEFAULT_DATA, ROOT, interleave, machine, median, paired_ratio
 from bench.flops import matmul_peak
-from transformer.batching import EncodedCorpus, encode_corpus, make_batches
+from transformer.text.batching import EncodedCorpus, encode_corpus, make_batches
 from transformer.config import Config, load
-from transformer.corpus import load_split
+from transformer.text.corpus import load_split
 from transformer.device import resolve_precision
-from transformer.model import build_model
-from transformer.schedule import make_optimizer
-from transformer.tokenizer import Tokenizer, train_tokenizer
-from transformer.update import UpdateBatches, Updater, collate_update
+from transformer.model.transformer import build_model
+from transformer.training.schedule import make_optimizer
+from transformer.text.tokenizer import Tokenizer, train_tokenizer
+from transformer.training.update import UpdateBatches, Updater, collate_update
 
 LEVERS_OFF = {"static_shapes": False, "cuda_graphs": False, "compile": False, "prefetch": 0}
 SYSTEMS = {  # name -> the train settings it changes from LEVERS_OFF

@@ -31,14 +31,15 @@ from torch import Tensor, nn
 from bench.common import DEFAULT_DATA, ROOT, interleave, median, paired_ratio, shape_config
 from bench.train_speed import bench_batches, model_factory, optimizer, own_processes, tfm_step
 from transformer import checkpoint
-from transformer.batching import Batch, source_tensor
+from transformer.text.batching import Batch, source_tensor
 from transformer.config import Config, DataConfig
-from transformer.corpus import load_split
-from transformer.decoder_state import BufferPool
-from transformer.kernels import Dropout, row_max, row_topk
+from transformer.text.corpus import load_split
+from transformer.model.decoder_state import BufferPool
+from transformer.decoding.speed import row_max, row_topk
+from transformer.model.speed import Dropout
 from transformer.process import OMP_KEYS, SHARED_CPU
-from transformer.search import beam_search, greedy_search
-from transformer.tokenizer import Tokenizer
+from transformer.decoding.search import beam_search, greedy_search
+from transformer.text.tokenizer import Tokenizer
 
 
 def lever_row(lever: str, workload: str, times: dict[str, list[float]], same: bool | None = None) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import torch
 from transformers import MarianConfig, MarianMTModel
 
 from transformer.config import ModelConfig
-from transformer.tokenizer import Tokenizer
+from transformer.text.tokenizer import Tokenizer
 
 
 def build_marian(model: ModelConfig, tokenizer: Tokenizer, max_positions: int = 512) -> MarianMTModel:

@@ -19,11 +19,11 @@ from pathlib import Path
 import torch
 
 from transformer import checkpoint
-from transformer.batching import collate, encode_corpus, make_batches, source_tensor
-from transformer.corpus import load_split
-from transformer.loss import label_smoothed_nll
-from transformer.search import beam_search
-from transformer.translator import Translator
+from transformer.text.batching import collate, encode_corpus, make_batches, source_tensor
+from transformer.text.corpus import load_split
+from transformer.training.loss import label_smoothed_nll
+from transformer.decoding.search import beam_search
+from transformer.decoding.translator import Translator
 
 SENTENCES = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "Eine Frau liest ein Buch im Park.",
              "Kinder spielen Fußball auf einer Wiese."] * 8

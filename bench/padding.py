@@ -30,10 +30,10 @@ import numpy as np
 
 from bench.common import DEFAULT_DATA, ROOT, machine, shape_config
 from bench.synthetic_wmt import generate
-from transformer.batching import EncodedCorpus, encode_corpus, make_batches, padded_sizes, padding_fraction
+from transformer.text.batching import EncodedCorpus, encode_corpus, make_batches, padded_sizes, padding_fraction
 from transformer.config import Config, load
-from transformer.corpus import load_split
-from transformer.tokenizer import train_tokenizer
+from transformer.text.corpus import load_split
+from transformer.text.tokenizer import train_tokenizer
 
 PAD_MULTIPLES = (1, 4, 8, 16, 32)
 BATCH_TOKENS = (25_000, 4_096)

@@ -35,8 +35,8 @@ from bench.common import DEFAULT_DATA, ROOT, machine, shape_config
 from bench.flops import matmul_peak
 from transformer import checkpoint
 from transformer.config import DataConfig
-from transformer.corpus import load_split
-from transformer.tokenizer import Tokenizer, train_tokenizer
+from transformer.text.corpus import load_split
+from transformer.text.tokenizer import Tokenizer, train_tokenizer
 
 MODEL_SECTIONS = {"decode", "startup", "memory", "levers", "contended"}
 TARGETS = {"train_vs_marian": 1.3, "bf16_vs_fp32": 1.5, "decode_vs_generate": 2.0, "ct2_vs_tfm": 1.5,

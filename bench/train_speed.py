@@ -25,15 +25,15 @@ import torch.nn.functional as F
 from bench.common import ROOT, interleave, median, paired_ratio
 from bench.flops import train_flops
 from bench.marian_peer import build_marian, marian_logits
-from transformer.batching import Batch, collate, encode_corpus, make_batches
+from transformer.text.batching import Batch, collate, encode_corpus, make_batches
 from transformer.config import Config
-from transformer.corpus import load_split
+from transformer.text.corpus import load_split
 from transformer.device import autocast
-from transformer.kernels import shape_changing_attention, training_attention
-from transformer.loss import generator_loss, label_smoothed_nll
-from transformer.model import build_model
-from transformer.tokenizer import Tokenizer
-from transformer.schedule import make_optimizer
+from transformer.model.speed import shape_changing_attention, training_attention
+from transformer.training.loss import generator_loss, label_smoothed_nll
+from transformer.model.transformer import build_model
+from transformer.text.tokenizer import Tokenizer
+from transformer.training.schedule import make_optimizer
 
 CPU = torch.device("cpu")
 

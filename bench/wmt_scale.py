@@ -54,9 +54,9 @@ from typing import TYPE_CHECKING
 from bench.synthetic_wmt import HELD_OUT, generate
 
 if TYPE_CHECKING:  # the library loads in each stage's own process, so that this one stays small
-    from transformer.batching import EncodedCorpus
+    from transformer.text.batching import EncodedCorpus
     from transformer.config import Config
-    from transformer.corpus import Corpus
+    from transformer.text.corpus import Corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "wmt14-base.yaml"
@@ -92,7 +92,7 @@ def cache_dir(out: Path) -> Path:
 
 def _load(out: Path) -> tuple[Corpus, Corpus]:
     """The train and validation splits."""
-    from transformer.corpus import load_split
+    from transformer.text.corpus import load_split
 
     d = _config(out).data
     return load_split(d, d.train_split), load_split(d, d.valid_split)
@@ -100,8 +100,8 @@ def _load(out: Path) -> tuple[Corpus, Corpus]:
 
 def _encoding(out: Path) -> tuple[int, Callable[[], list[EncodedCorpus]]]:
     """Load both splits and the saved tokenizer (untimed); return their pairs and their encoding, to be timed."""
-    from transformer.batching import encode_corpus
-    from transformer.tokenizer import Tokenizer
+    from transformer.text.batching import encode_corpus
+    from transformer.text.tokenizer import Tokenizer
 
     (train, valid), max_len = _load(out), _config(out).data.max_len
     tokenizer = Tokenizer.load(out / "tokenizer.json")
@@ -119,7 +119,7 @@ def stage_load(out: Path) -> dict:
 
 
 def stage_tokenizer(out: Path) -> dict:
-    from transformer.tokenizer import train_tokenizer
+    from transformer.text.tokenizer import train_tokenizer
 
     train, _ = _load(out)
     cfg = _config(out).tokenizer
@@ -135,7 +135,7 @@ def stage_encode(out: Path) -> dict:
 
 
 def stage_batch(out: Path) -> dict:
-    from transformer.batching import make_batches
+    from transformer.text.batching import make_batches
 
     train, _ = _encoding(out)[1]()
     cfg = _config(out)

@@ -30,7 +30,7 @@ def run_eval(checkpoint: Path | None, split: str | None, src: Path | None, ref: 
     checkpoint's eval/). The scores are printed before anything is written, so a failed write loses no result."""
     from transformer import checkpoint as ckpt
     from transformer.errors import DataError
-    from transformer.evaluate import score
+    from transformer.decoding.scoring import score
 
     if hyp is not None:
         if ref is None:
@@ -43,9 +43,9 @@ def run_eval(checkpoint: Path | None, split: str | None, src: Path | None, ref: 
         return
     if output_dir is not None:
         check_folder(output_dir if output_dir.exists() else output_dir.parent, "--output-dir")
-    from transformer.corpus import load_split
+    from transformer.text.corpus import load_split
     from transformer.device import check_precision, resolve_device
-    from transformer.translator import Translator
+    from transformer.decoding.translator import Translator
 
     check_alpha(alpha)
     dev = resolve_device(device)

@@ -43,13 +43,13 @@ def train(
             fail("--resume continues the run and --overwrite deletes it; give one of them")
         check_creatable(cfg.out_dir, "run directory")
         if nproc > 1:
-            from transformer.distributed import launch
+            from transformer.training.distributed import launch
 
             flags = [f"--set={s}" for s in overrides] + ["--resume"] * resume + ["--overwrite"] * overwrite
             code = launch(nproc, ["train", f"--config={config}", *flags, *["--quiet"] * quiet])
             raise typer.Exit(code)
         from transformer.process import keep_freed_memory
-        from transformer.train import Trainer
+        from transformer.training.trainer import Trainer
 
         keep_freed_memory()  # this process is ours: keep freed memory for the next step
         result = Trainer(cfg, resume=resume, overwrite=overwrite, quiet=quiet).run()
@@ -115,7 +115,7 @@ def average(
 ) -> None:
     """Average the weights of a run's last K checkpoints (the paper averaged the last 5) into a new checkpoint."""
     with user_errors():
-        from transformer.average import average as average_checkpoints
+        from transformer.training.average import average as average_checkpoints
 
         path = average_checkpoints(run, last, output or run / f"avg{last}", overwrite)
     print(f"averaged the last {last} checkpoints of {run} into {path}", file=sys.stderr)
@@ -175,7 +175,7 @@ def export(
 ) -> None:
     """Convert a checkpoint for another inference engine (CTranslate2), weights and vocabulary included."""
     with user_errors():
-        from transformer.export import export as export_checkpoint
+        from transformer.decoding.export import export as export_checkpoint
 
         path = export_checkpoint(checkpoint, output, format_, overwrite)
     print(path)

@@ -50,7 +50,7 @@ def run_translate(text: str | None, checkpoint: Path | None, input_: Path | None
     """Translate ``text``, ``--input`` or stdin into ``--output`` or stdout; every check comes before any work."""
     from transformer import checkpoint as ckpt
     from transformer.device import check_precision, resolve_device
-    from transformer.translator import Translator
+    from transformer.decoding.translator import Translator
 
     if text is not None and input_ is not None:
         fail("give either a sentence or --input FILE, not both")

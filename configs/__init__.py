@@ -1,10 +1,11 @@
-"""The configs that ship with tfm, as package data: ``tfm train --config base`` finds them from any directory."""
+"""The configs that ship with tfm, as package data: ``tfm train --config base`` finds them from any directory.
+
+Data only: this package imports nothing of tfm, so ``transformer.config`` may import it without a loop.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-
-from transformer.errors import ConfigError
 
 FOLDER = Path(__file__).resolve().parent
 
@@ -20,15 +21,3 @@ def describe(path: Path) -> str:
         if line.startswith("#"):
             return line.lstrip("# ").strip()
     return ""
-
-
-def find(name: str | Path) -> Path:
-    """The config file ``name``: a path that exists, else a shipped config (``base`` or ``base.yaml``)."""
-    p = Path(name)
-    if p.is_file():
-        return p
-    configs = shipped()
-    if p.parent == Path(".") and p.suffix in ("", ".yaml", ".yml") and p.stem in configs:
-        return configs[p.stem]
-    raise ConfigError(f"config file '{p}' not found; give a YAML file or a shipped config: "
-                      f"{', '.join(configs)} (tfm configs says what each is for)")

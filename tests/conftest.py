@@ -17,10 +17,10 @@ import torch
 from tiny import SAMPLE, run_trainer, tiny_config
 from transformer import checkpoint
 from transformer.config import DataConfig, TokenizerConfig
-from transformer.corpus import Corpus, load_split
-from transformer.model import build_model
-from transformer.tokenizer import Tokenizer, train_tokenizer
-from transformer.train import Result
+from transformer.text.corpus import Corpus, load_split
+from transformer.model.transformer import build_model
+from transformer.text.tokenizer import Tokenizer, train_tokenizer
+from transformer.training.trainer import Result
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ["TFM_MULTI30K"] = str((REPO / os.environ.get("TFM_MULTI30K", "../shared/data/multi30k")).resolve())

@@ -10,7 +10,7 @@ import pytest
 
 from tiny import ROOT
 from transformer import config
-from transformer.corpus import Corpus
+from transformer.text.corpus import Corpus
 
 TRADITIONAL_EMOJI = ["我們明天去公園。", "我们明天去公园。🌳😀", "👨‍👩‍👧 喜歡 🍜！", "𠀀𪚥𠮷"]
 PAIRS = [("Ein Mann fährt Fahrrad.", "A man rides a bike."), ("Der Hund läuft.", "The dog runs."), ("Grün.", "Green.")]

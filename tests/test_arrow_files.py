@@ -10,10 +10,10 @@ import pyarrow as pa
 import pytest
 
 from corpus_files import PAIRS, as_pairs, text_dir, write_lines
-from transformer import corpus
-from transformer.arrow_files import open_arrow, write_arrow
+from transformer.text import corpus
+from transformer.text.arrow_files import open_arrow, write_arrow
 from transformer.config import DataConfig
-from transformer.corpus import ArrowColumn, load_split
+from transformer.text.corpus import ArrowColumn, load_split
 from transformer.errors import DataError
 
 

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from transformer import checkpoint
-from transformer.average import average
+from transformer.training.average import average
 from transformer.errors import CheckpointError
 
 

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from transformer.batching import (
+from transformer.text.batching import (
     Batch, EncodedCorpus, collate, encode_corpus, make_batches, padded_sizes, padding_fraction, sorted_batches, source_tensor,
     static_rows,
 )
-from transformer.corpus import Corpus
-from transformer.tokenizer import Tokenizer
+from transformer.text.corpus import Corpus
+from transformer.text.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -151,9 +151,9 @@ def test_two_million_pairs_stay_far_below_their_python_size(tmp_path: Path) -> N
         from pathlib import Path
         import datasets
         from transformer.config import DataConfig, TokenizerConfig
-        from transformer.corpus import load_split
-        from transformer.tokenizer import train_tokenizer
-        from transformer.batching import collate, encode_corpus, make_batches
+        from transformer.text.corpus import load_split
+        from transformer.text.tokenizer import train_tokenizer
+        from transformer.text.batching import collate, encode_corpus, make_batches
         tmp = Path({str(tmp_path)!r})
         datasets.config.HF_DATASETS_CACHE = str(tmp / "hf")
         rng = random.Random(0)

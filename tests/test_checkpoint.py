@@ -13,8 +13,8 @@ from tiny import tiny_config
 from transformer import checkpoint
 from transformer.errors import CheckpointError
 from transformer.files import clean_partial
-from transformer.model import build_model
-from transformer.tokenizer import Tokenizer
+from transformer.model.transformer import build_model
+from transformer.text.tokenizer import Tokenizer
 
 SENTENCES = ["Ein Mann fährt Fahrrad.", "A man rides a bike.", "Der Hund läuft.", "The dog runs."] * 20
 

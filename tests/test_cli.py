@@ -19,8 +19,8 @@ from corpus_files import TRADITIONAL_EMOJI, has_cjk
 from tiny import QUICKSTART, ROOT, SAMPLE, TINY_SETS, assert_resumable, run_trainer, step_of
 from transformer import checkpoint, config
 from transformer.config import DataConfig
-from transformer.corpus import load_split
-from transformer.translator import Translator
+from transformer.text.corpus import load_split
+from transformer.decoding.translator import Translator
 
 QUICK = ["--set", "train.max_steps=30", "--set", "train.eval_every=30", "--set", "train.save_every=30"]
 

@@ -12,7 +12,7 @@ import pytest
 
 from corpus_files import as_pairs, has_cjk, one_line_error, tatoeba_config, text_dir, write_lines
 from transformer.config import DataConfig
-from transformer.corpus import ArrowColumn, load_split
+from transformer.text.corpus import ArrowColumn, load_split
 from transformer.errors import DataError
 
 

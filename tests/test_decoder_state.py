@@ -5,7 +5,7 @@ import gc
 
 import torch
 
-from transformer.decoder_state import BufferPool, DecoderState
+from transformer.model.decoder_state import BufferPool, DecoderState
 
 
 def state(pool: BufferPool, sentences: int = 2) -> DecoderState:

@@ -19,11 +19,12 @@ import numpy as np
 import pytest
 
 from tiny import ROOT, run_trainer, tiny_config
-from transformer import checkpoint, config, distributed
-from transformer.batching import collate, encode_corpus, make_batches
-from transformer.corpus import load_split
-from transformer.tokenizer import train_tokenizer
-from transformer.translator import Translator
+from transformer import checkpoint, config
+from transformer.training import distributed
+from transformer.text.batching import collate, encode_corpus, make_batches
+from transformer.text.corpus import load_split
+from transformer.text.tokenizer import train_tokenizer
+from transformer.decoding.translator import Translator
 
 STEPS = 8  # 6 updates per epoch at batch_tokens 1000: crosses the uneven end of epoch 0
 TRAIN = {"batch_tokens": 1000, "max_steps": STEPS, "eval_every": 4, "save_every": 4, "keep_last": 3}

@@ -12,9 +12,9 @@ import torch
 from tiny import ROOT, tiny_config
 from transformer import checkpoint
 from transformer.errors import ExportError
-from transformer.export import export
-from transformer.model import build_model
-from transformer.search import greedy_search
+from transformer.decoding.export import export
+from transformer.model.transformer import build_model
+from transformer.decoding.search import greedy_search
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 

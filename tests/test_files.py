@@ -8,8 +8,8 @@ import pytest
 from tiny import tiny_config
 from transformer import checkpoint
 from transformer.files import atomic_dir, clean_partial
-from transformer.model import build_model
-from transformer.tokenizer import Tokenizer
+from transformer.model.transformer import build_model
+from transformer.text.tokenizer import Tokenizer
 
 
 def test_interrupted_save_and_prune_are_repaired_on_the_next_start(tmp_path):

@@ -3,7 +3,7 @@
 import signal
 
 from tiny import run_trainer, tiny_config
-from transformer.forecast import TIMED_UPDATES, duration, forecast
+from transformer.training.forecast import TIMED_UPDATES, duration, forecast
 
 
 def test_a_run_of_weeks_on_a_cpu_is_said_with_the_cpu_configs():

@@ -11,7 +11,7 @@ import pytest
 
 from corpus_files import PAIRS, as_pairs, one_line_error, text_dir, write_lines
 from transformer.config import DataConfig
-from transformer.corpus import load_split
+from transformer.text.corpus import load_split
 from transformer.errors import DataError
 
 

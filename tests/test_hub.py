@@ -10,7 +10,7 @@ import pytest
 
 from corpus_files import PAIRS, as_pairs, one_line_error
 from transformer.config import DataConfig
-from transformer.corpus import ArrowColumn, load_split
+from transformer.text.corpus import ArrowColumn, load_split
 from transformer.errors import DataError
 
 

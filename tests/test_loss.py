@@ -3,7 +3,7 @@
 import torch
 import torch.nn.functional as F
 
-from transformer.loss import chunk_rows, generator_loss, label_smoothed_nll
+from transformer.training.loss import chunk_rows, generator_loss, label_smoothed_nll
 
 
 def test_matches_torch_cross_entropy_and_ignores_pad():

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from corpus_files import one_line_error
-from transformer import multi30k
+from transformer.text import multi30k
 from transformer.config import DataConfig
-from transformer.corpus import Corpus, load_split
+from transformer.text.corpus import Corpus, load_split
 from transformer.errors import DataError
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from bench.padding import PAD_MULTIPLES, encoded, measure, shapes_covering
 from tiny import tiny_config
-from transformer.batching import EncodedCorpus
+from transformer.text.batching import EncodedCorpus
 
 
 @pytest.fixture(scope="module")

@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 from cli.main import app
 from tiny import tiny_config
 from transformer import checkpoint, plots
-from transformer.corpus import load_split
-from transformer.model import build_model
-from transformer.tokenizer import train_tokenizer
+from transformer.text.corpus import load_split
+from transformer.model.transformer import build_model
+from transformer.text.tokenizer import train_tokenizer
 
 needs_matplotlib = pytest.mark.skipif(find_spec("matplotlib") is None, reason="matplotlib not installed (tfm[plot])")
 SENTENCE = "Ein Mann fährt Fahrrad."

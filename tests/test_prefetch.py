@@ -13,8 +13,8 @@ import torch
 
 from tiny import run_trainer, tiny_config
 from transformer import checkpoint
-from transformer import train as train_module
-from transformer.prefetch import ahead
+from transformer.training import trainer as train_module
+from transformer.training.prefetch import ahead
 
 THREAD = "tfm-prefetch"
 

@@ -3,7 +3,7 @@
 import pytest
 
 from transformer.config import TrainConfig
-from transformer.schedule import learning_rate
+from transformer.training.schedule import learning_rate
 
 
 def test_paper_schedule_peaks_at_warmup():

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from transformer.model import Transformer
-from transformer.search import beam_search, greedy_search, length_penalty, max_output_lengths
+from transformer.model.transformer import Transformer
+from transformer.decoding.search import beam_search, greedy_search, length_penalty, max_output_lengths
 
 PAD, START, END, A, B = 0, 1, 2, 3, 4
 

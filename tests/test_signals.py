@@ -12,8 +12,8 @@ import pytest
 from cli_helpers import Proc, last_step, run_of, train, train_steps
 from tiny import assert_resumable, run_trainer, step_of, tiny_config
 from transformer import checkpoint
-from transformer.signals import StopSignals
-from transformer.update import Updater
+from transformer.training.signals import StopSignals
+from transformer.training.update import Updater
 
 
 def _stop_with(proc: Proc, run, sig: signal.Signals, code: int, after_step: int):

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from corpus_files import TRADITIONAL_EMOJI, has_cjk, tatoeba_config
 from transformer.config import DataConfig, TokenizerConfig
-from transformer.corpus import Corpus, load_split
+from transformer.text.corpus import Corpus, load_split
 from transformer.errors import ConfigError, DataError
-from transformer.tokenizer import Tokenizer, train_tokenizer
+from transformer.text.tokenizer import Tokenizer, train_tokenizer
 
 MIXED = ["所有人，都请说 cheese 。", "我有3个iPhone手机，你呢？", "Tom 最喜欢我。",
          "我叫 Mary Smith，今年 25 岁。", "他是一个 DJ 。", "“看啊！” 她说道。"]

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from corpus_files import tatoeba_config
 from tiny import run_trainer
-from transformer.corpus import load_split
+from transformer.text.corpus import load_split
 
 
 def test_split_is_written_to_the_run_directory(tatoeba: Path, tmp_path: Path) -> None:

@@ -2,7 +2,7 @@
 
 import torch
 
-from transformer.train_state import TrainState, capture, restore
+from transformer.training.train_state import TrainState, capture, restore
 
 
 def _optimizer():

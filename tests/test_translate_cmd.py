@@ -19,7 +19,7 @@ from cli.main import app
 from cli.translate_cmd import run_translate
 from cli_helpers import Proc, one_error_line
 from transformer import checkpoint
-from transformer.translator import Translator
+from transformer.decoding.translator import Translator
 
 SENTENCE = "Ein Mann fährt Fahrrad."
 

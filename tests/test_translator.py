@@ -7,10 +7,10 @@ from hypothesis import strategies as st
 
 from tiny import tiny_config
 from transformer.errors import TranslateError
-from transformer.model import build_model
-from transformer.tokenizer import Tokenizer
-from transformer.kernels import matmul_weights_in
-from transformer.translator import Translator, clean_line
+from transformer.model.transformer import build_model
+from transformer.text.tokenizer import Tokenizer
+from transformer.decoding.speed import matmul_weights_in
+from transformer.decoding.translator import Translator, clean_line
 
 SENTENCES = ["Ein Mann fährt Fahrrad.", "A man rides a bike.", "Der Hund läuft im Park.", "The dog runs."] * 20
 

@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from tiny import tiny_config
-from transformer import update
-from transformer.batching import encode_corpus, make_batches
-from transformer.corpus import load_split
-from transformer.model import build_model
-from transformer.schedule import make_optimizer
-from transformer.tokenizer import train_tokenizer
-from transformer.update import Updater, collate_update
+from transformer.training import update
+from transformer.text.batching import encode_corpus, make_batches
+from transformer.text.corpus import load_split
+from transformer.model.transformer import build_model
+from transformer.training.schedule import make_optimizer
+from transformer.text.tokenizer import train_tokenizer
+from transformer.training.update import Updater, collate_update
 
 CUDA = torch.cuda.is_available()
 

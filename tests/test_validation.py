@@ -5,11 +5,11 @@ import math
 import torch
 
 from tiny import tiny_config
-from transformer import train_data
-from transformer.batching import collate, make_batches
-from transformer.loss import label_smoothed_nll
-from transformer.model import build_model
-from transformer.validation import validate
+from transformer.training import train_data
+from transformer.text.batching import collate, make_batches
+from transformer.training.loss import label_smoothed_nll
+from transformer.model.transformer import build_model
+from transformer.training.validation import validate
 
 
 def test_loss_is_that_of_the_whole_logits_and_the_model_is_left_training(tmp_path):

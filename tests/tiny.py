@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from transformer import checkpoint, config
-from transformer.train import Result, Trainer
+from transformer.training.trainer import Result, Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "data" / "sample"

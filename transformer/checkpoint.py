@@ -26,8 +26,8 @@ from transformer import config as config_mod
 from transformer.errors import CheckpointError, ConfigError, DataError
 from transformer.config import Config
 from transformer.files import atomic_dir, remove_dir
-from transformer.model import Transformer, build_model
-from transformer.tokenizer import Tokenizer
+from transformer.model.transformer import Transformer, build_model
+from transformer.text.tokenizer import Tokenizer
 
 CONFIG, TOKENIZER, WEIGHTS, META, TRAINER = "config.yaml", "tokenizer.json", "model.safetensors", "meta.json", "trainer.pt"
 STEP_PREFIX = "step_"

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from configs import find
+from configs import shipped
 from transformer.errors import ConfigError
 
 
@@ -341,6 +341,18 @@ def from_dict(values: dict[str, Any], overrides: list[str] | None = None) -> Con
         if any(k and k in str(e) for k in keys):
             raise ConfigError(f"--set {e}") from None
         raise
+
+
+def find(name: str | Path) -> Path:
+    """The config file ``name``: a path that exists, else a shipped config (``base`` or ``base.yaml``)."""
+    p = Path(name)
+    if p.is_file():
+        return p
+    configs = shipped()
+    if p.parent == Path(".") and p.suffix in ("", ".yaml", ".yml") and p.stem in configs:
+        return configs[p.stem]
+    raise ConfigError(f"config file '{p}' not found; give a YAML file or a shipped config: "
+                      f"{', '.join(configs)} (tfm configs says what each is for)")
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

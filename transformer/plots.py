@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from transformer.batching import source_tensor
+from transformer.text.batching import source_tensor
 from transformer.errors import PlotError
-from transformer.model import Transformer
-from transformer.search import greedy_search
-from transformer.tokenizer import Tokenizer
-from transformer.translator import clean_line
+from transformer.model.transformer import Transformer
+from transformer.decoding.search import greedy_search
+from transformer.text.tokenizer import Tokenizer
+from transformer.decoding.translator import clean_line
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

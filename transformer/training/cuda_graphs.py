@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from transformer.batching import Batch
+from transformer.text.batching import Batch
 
 MicroStep = Callable[[Batch, Tensor], tuple[Tensor, Tensor]]
 """Runs forward, loss and backward of the loss times a scale tensor; returns the (loss, nll) sums."""

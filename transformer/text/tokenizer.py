@@ -20,7 +20,7 @@ from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, tra
 from tokenizers import Tokenizer as HFTokenizer
 
 from transformer.config import TokenizerConfig
-from transformer.corpus import Corpus
+from transformer.text.corpus import Corpus
 from transformer.errors import ConfigError, DataError
 from transformer.files import atomic_file
 

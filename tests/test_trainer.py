@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from tiny import run_trainer, step_of, tiny_config
-from transformer import checkpoint, train, update, validation
-from transformer.update import Updater
+from transformer import checkpoint
+from transformer.training import trainer as train, update, validation
+from transformer.training.update import Updater
 
 
 def _losses(run_dir):

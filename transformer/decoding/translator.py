@@ -16,15 +16,16 @@ from typing import Iterable, Iterator
 
 import torch
 
-from transformer.batching import sorted_batches, source_tensor
+from transformer.text.batching import sorted_batches, source_tensor
 from transformer.errors import TranslateError
 from transformer.config import DecodeConfig
 from transformer.device import DTYPES, autocast
-from transformer.kernels import matmul_weights_in, shape_changing_attention
-from transformer.model import Transformer
+from transformer.decoding.speed import matmul_weights_in
+from transformer.model.speed import shape_changing_attention
+from transformer.model.transformer import Transformer
 from transformer.process import decoding_threads
-from transformer.search import Hypothesis, beam_search, greedy_search
-from transformer.tokenizer import Tokenizer
+from transformer.decoding.search import Hypothesis, beam_search, greedy_search
+from transformer.text.tokenizer import Tokenizer
 
 _SPACES = re.compile(r"\s+")
 _SURROGATES = re.compile("[\ud800-\udfff]")

@@ -12,16 +12,16 @@ import math
 
 import torch
 
-from transformer.batching import EncodedCorpus, collate, make_batches
+from transformer.text.batching import EncodedCorpus, collate, make_batches
 from transformer.config import Config
-from transformer.corpus import Corpus
+from transformer.text.corpus import Corpus
 from transformer.device import autocast
-from transformer.evaluate import score
-from transformer.kernels import training_attention
-from transformer.loss import generator_loss
-from transformer.model import Transformer
-from transformer.tokenizer import Tokenizer
-from transformer.translator import Translator
+from transformer.decoding.scoring import score
+from transformer.model.speed import training_attention
+from transformer.training.loss import generator_loss
+from transformer.model.transformer import Transformer
+from transformer.text.tokenizer import Tokenizer
+from transformer.decoding.translator import Translator
 
 
 def validate(model: Transformer, tokenizer: Tokenizer, cfg: Config, device: torch.device,

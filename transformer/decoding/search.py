@@ -2,7 +2,7 @@
 
 Knows nothing of files, tokenizers or the CLI: token ids in, hypotheses out. The model needs
 ``pad_id``, ``encode``, ``start_state(memory, src_keep)`` (one row per sentence) and ``decode_step``,
-as transformer.model.Transformer has, and its state needs ``select(index, beam)``. Each sentence
+as transformer.model.transformer.Transformer has, and its state needs ``select(index, beam)``. Each sentence
 may produce at most max_len = a * src_len + b tokens before <END>, which is forced after them.
 <PAD> and <START> are never generated.
 
@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer.kernels import row_max, row_topk
+from transformer.decoding.speed import row_max, row_topk
 
 
 @dataclass

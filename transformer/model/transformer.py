@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer.config import ModelConfig
-from transformer.decoder_state import BufferPool, DecoderState
-from transformer.kernels import Dropout, attention_kernel, unpadded
+from transformer.model.decoder_state import BufferPool, DecoderState
+from transformer.model.speed import Dropout, attention_kernel, unpadded
 
 
 def sinusoids(start: int, length: int, d_model: int) -> Tensor:

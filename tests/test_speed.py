@@ -3,8 +3,9 @@ the CPU no-mask shortcut (tested in test_model), fused Adam where torch has it, 
 
 import torch
 
-from transformer.kernels import (FLASH_FROM_LENGTH, Dropout, fused_adam, row_max, row_topk, shape_changing_attention,
-                                 training_attention)
+from transformer.decoding.speed import row_max, row_topk
+from transformer.model.speed import FLASH_FROM_LENGTH, Dropout, shape_changing_attention, training_attention
+from transformer.training.schedule import fused_adam
 
 
 def test_cpu_dropout_drops_p_scales_the_rest_and_follows_the_seed():

@@ -7,7 +7,7 @@ import sacrebleu
 
 from corpus_files import tatoeba_config
 from transformer.errors import EvalError
-from transformer.evaluate import bleu_tokenizer, score
+from transformer.decoding.scoring import bleu_tokenizer, score
 
 
 def test_same_as_sacrebleu_and_signature_printed():

@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from transformer.arrow_files import open_arrow, write_arrow, write_json
-from transformer.corpus import Corpus
-from transformer.tokenizer import Tokenizer
+from transformer.text.arrow_files import open_arrow, write_arrow, write_json
+from transformer.text.corpus import Corpus
+from transformer.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 

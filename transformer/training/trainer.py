@@ -1,14 +1,14 @@
 """The training loop: update after update, epoch after epoch, until a stopping rule says enough.
 
-One optimizer update (transformer.update) = ``train.accumulate`` token-sized micro-batches, the
-loss normalised by the update's non-pad target tokens. Validation (transformer.validation) runs
+One optimizer update (transformer.training.update) = ``train.accumulate`` token-sized micro-batches, the
+loss normalised by the update's non-pad target tokens. Validation (transformer.training.validation) runs
 every ``eval_every`` updates; the best BLEU is kept in ``<run>/best``, the last ``keep_last``
 resumable checkpoints in ``<run>/checkpoints/step_N``. SIGINT or SIGTERM finishes the current
-update, saves a resumable checkpoint and stops (transformer.signals). Preparing or resuming the run
-directory is transformer.run_dir's; what a checkpoint holds of the trainer, transformer.train_state's.
+update, saves a resumable checkpoint and stops (transformer.training.signals). Preparing or resuming the run
+directory is transformer.training.run_dir's; what a checkpoint holds of the trainer, transformer.training.train_state's.
 
 Under torchrun each of W processes runs ``accumulate`` of an update's ``accumulate x W`` batches
-(DistributedDataParallel, see transformer.distributed); rank 0 alone logs, validates and saves.
+(DistributedDataParallel, see transformer.training.distributed); rank 0 alone logs, validates and saves.
 """
 
 from __future__ import annotations
@@ -25,20 +25,21 @@ from typing import Any, Callable
 import torch
 from tqdm import tqdm
 
-from transformer import checkpoint, distributed, run_dir, train_data, train_state
-from transformer.batching import make_batches
+from transformer import checkpoint
+from transformer.training import distributed, run_dir, train_data, train_state
+from transformer.text.batching import make_batches
 from transformer.config import Config, dump
 from transformer.device import check_gpu_switches, check_precision, resolve_device, resolve_precision
 from transformer.errors import ConfigError
-from transformer.forecast import TIMED_UPDATES, forecast
-from transformer.model import build_model
-from transformer.prefetch import ahead
-from transformer.schedule import make_optimizer
-from transformer.signals import StopSignals
-from transformer.tokenizer import Tokenizer
-from transformer.train_state import TrainState
-from transformer.update import UpdateBatches, Updater, collate_update
-from transformer.validation import validate
+from transformer.training.forecast import TIMED_UPDATES, forecast
+from transformer.model.transformer import build_model
+from transformer.training.prefetch import ahead
+from transformer.training.schedule import make_optimizer
+from transformer.training.signals import StopSignals
+from transformer.text.tokenizer import Tokenizer
+from transformer.training.train_state import TrainState
+from transformer.training.update import UpdateBatches, Updater, collate_update
+from transformer.training.validation import validate
 
 
 @dataclass
@@ -71,7 +72,7 @@ class Trainer:
     def run(self) -> Result:
         """Train until max_steps, max_epochs, max_minutes, early stopping or a signal; always leave a checkpoint.
 
-        Under torchrun every process runs this; they train one model together (see transformer.distributed).
+        Under torchrun every process runs this; they train one model together (see transformer.training.distributed).
         """
         distributed.init(self.device)
         try:

@@ -11,12 +11,13 @@ import json
 from pathlib import Path
 from typing import Callable
 
-from transformer import checkpoint, distributed
-from transformer.batching import EncodedCorpus, encode_corpus
+from transformer import checkpoint
+from transformer.training import distributed
+from transformer.text.batching import EncodedCorpus, encode_corpus
 from transformer.config import Config
-from transformer.corpus import Corpus, load_split
+from transformer.text.corpus import Corpus, load_split
 from transformer.errors import TrainError
-from transformer.tokenizer import Tokenizer, train_tokenizer
+from transformer.text.tokenizer import Tokenizer, train_tokenizer
 
 
 def load(cfg: Config, run_dir: Path, tokenizer: Tokenizer | None,

@@ -8,9 +8,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from transformer.config import ModelConfig
-from transformer import model as model_module
-from transformer.kernels import unpadded
-from transformer.model import MultiHeadAttention, Transformer, safe_mask, sinusoids
+from transformer.model import transformer as model_module
+from transformer.model.speed import unpadded
+from transformer.model.transformer import MultiHeadAttention, Transformer, safe_mask, sinusoids
 
 PAD, START, V = 0, 1, 23
 SMALL = dict(N=2, d_model=32, d_ff=64, h=4, dropout=0.0)

@@ -21,12 +21,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from transformer.arrow_files import ARROW_ROWS, cached_pairs
+from transformer.text.arrow_files import ARROW_ROWS, cached_pairs
 from transformer.config import DataConfig
 from transformer.errors import DataError
-from transformer.formats import Pairs, read_jsonl, read_text, read_tsv
-from transformer.hub import read_hub
-from transformer.multi30k import read_multi30k
+from transformer.text.formats import Pairs, read_jsonl, read_text, read_tsv
+from transformer.text.hub import read_hub
+from transformer.text.multi30k import read_multi30k
 
 ARROW_ABOVE_BYTES = 64 * 2**20
 _GZ_RATIO = 4  # how much larger than its file a gzipped corpus is, roughly, as text

@@ -10,7 +10,13 @@ from __future__ import annotations
 import torch
 
 from transformer.config import TrainConfig
-from transformer.kernels import fused_adam
+
+
+def fused_adam(device: torch.device) -> bool:
+    """Whether Adam's fused kernel (one pass over all parameters, not a loop per tensor) runs on ``device``."""
+    if device.type == "cuda":
+        return True
+    return device.type == "cpu" and torch.torch_version.TorchVersion(torch.__version__) >= (2, 4)
 
 
 def make_optimizer(model: torch.nn.Module, t: TrainConfig, device: torch.device, lr: float = 0.0,

@@ -6,7 +6,7 @@ on how the tokens were split into batches or across processes.
 
 Two switches change how the micro-batches run on a GPU, not what they compute: ``train.compile``
 (torch.compile of the model's forward and backward) and ``train.cuda_graphs`` (each batch shape's
-forward, loss and backward replayed as a CUDA graph, transformer.cuda_graphs).
+forward, loss and backward replayed as a CUDA graph, transformer.training.cuda_graphs).
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ from dataclasses import dataclass
 
 import torch
 
-from transformer import distributed
-from transformer.batching import Batch, EncodedCorpus, collate
+from transformer.training import distributed
+from transformer.text.batching import Batch, EncodedCorpus, collate
 from transformer.config import Config
-from transformer.cuda_graphs import MicroStepGraphs
+from transformer.training.cuda_graphs import MicroStepGraphs
 from transformer.device import autocast
-from transformer.kernels import training_attention
-from transformer.loss import generator_loss
-from transformer.model import Transformer
-from transformer.schedule import learning_rate
-from transformer.tokenizer import Tokenizer
+from transformer.model.speed import training_attention
+from transformer.training.loss import generator_loss
+from transformer.model.transformer import Transformer
+from transformer.training.schedule import learning_rate
+from transformer.text.tokenizer import Tokenizer
 
 
 COMPILE_BACKEND = "inductor"  # torch.compile's default; the CPU tests swap in "aot_eager", which compiles in seconds

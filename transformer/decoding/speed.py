@@ -1,0 +1,63 @@
+"""Code of the search and the Translator that exists only for speed, kept apart so that search.py reads as the algorithm.
+
+Each piece computes what the plain PyTorch call it stands for computes; ``python -m bench.levers`` measures them.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+from transformer.model.decoder_state import BufferPool
+
+if TYPE_CHECKING:
+    from transformer.model.transformer import Transformer
+
+
+def row_topk(x: Tensor, m: int, block: int = 100) -> tuple[Tensor, Tensor]:
+    """``x.topk(m, dim=1)`` for rows over a large vocabulary, found through block maxima.
+
+    A row's m largest values lie in the m blocks of ``block`` columns with the largest maxima, so one
+    max per block, a top-m over blocks and a top-m over their m * block values find them.
+    """
+    R, V = x.shape
+    if V % block or V < 4 * m * block:
+        return x.topk(m, dim=1)
+    blocks = x.view(R, V // block, block)
+    _, chosen = blocks.amax(-1).topk(m, dim=1)  # [R, m] block numbers
+    values, j = blocks.gather(1, chosen[..., None].expand(R, m, block)).view(R, m * block).topk(m, dim=1)
+    return values, chosen.gather(1, j // block) * block + j % block
+
+
+def row_max(x: Tensor, block: int = 100) -> tuple[Tensor, Tensor]:
+    """``x.max(dim=1, keepdim=True)`` through block maxima: torch's max with indices is far slower than amax.
+
+    The row's maximum is found among block maxima and only its block is searched for the index.
+    Ties go to the first index, as with max. Below 4 rows the plain max is faster.
+    """
+    R, V = x.shape
+    if V % block or R < 4:
+        return x.max(dim=1, keepdim=True)
+    blocks = x.view(R, V // block, block)
+    values, b = blocks.amax(-1).max(dim=1, keepdim=True)  # [R, 1]: the row's maximum and its first block
+    within = blocks.gather(1, b[..., None].expand(R, 1, block)).view(R, block).argmax(dim=1, keepdim=True)
+    return values, b * block + within
+
+
+def matmul_weights_in(model: Transformer, dtype: torch.dtype) -> Transformer:
+    """A frozen copy of ``model`` whose Linear weights and biases are cast to ``dtype`` once, for decoding under autocast.
+
+    Autocast caches no casts under inference mode, so every decoding step would cast every weight
+    again. Cast ahead, the outputs are the same: autocast rounds the same weights the same way. The
+    generator gets its own copy of the tied embedding table, so embeddings stay in fp32 as under autocast.
+    """
+    half = copy.deepcopy(model, {id(model.kv_pool): BufferPool()})  # a pool of its own, not a copy of the buffers
+    half.eval().requires_grad_(False)
+    half.generator.weight = nn.Parameter(half.generator.weight.detach().to(dtype), requires_grad=False)
+    for module in half.modules():
+        if isinstance(module, nn.Linear):
+            module.to(dtype)
+    return half
