@@ -11,7 +11,7 @@ import torch
 
 from tiny import run_trainer, step_of, tiny_config
 from transformer import checkpoint
-from transformer.training import trainer as train, update, validation
+from transformer.training import meter, trainer as train, update, validation
 from transformer.training.update import Updater
 
 
@@ -145,42 +145,55 @@ def test_run_ends_with_where_its_time_went(tmp_path):
                         r"checkpoints [\d.]+ min \(\d+%\)", messages[-1])
 
 
+class HandClock:
+    """The clock a run reads (transformer.training.meter.clock), moved only by the test: updates, validations and
+    saves take the seconds the test gives them, however loaded the machine."""
+
+    def __init__(self, monkeypatch, update_s: float = 0.0, valid_s: float = 0.0, save_s: float = 0.0) -> None:
+        self.now = 1000.0
+        self.tokens: list[int] = []
+        monkeypatch.setattr(meter, "clock", lambda: self.now)
+        real_update, real_validate, real_save = Updater.__call__, train.validate, train.checkpoint.save
+
+        def update(updater, *args):
+            self.now += update_s
+            out = real_update(updater, *args)
+            self.tokens.append(out[2] if out else 0)
+            return out
+
+        def validate(*args):
+            self.now += valid_s
+            return real_validate(*args)
+
+        def save(*args):
+            self.now += save_s
+            return real_save(*args)
+
+        monkeypatch.setattr(Updater, "__call__", update)
+        monkeypatch.setattr(train, "validate", validate)
+        monkeypatch.setattr(train.checkpoint, "save", save)
+
+
 def test_logged_throughput_leaves_out_validation_and_saving(tmp_path, monkeypatch):
-    """A window of updates with a slow validation and save in it logs the speed of its updates alone."""
-    real_validate, real_save = train.validate, train.checkpoint.save
-
-    def slow_validate(*args):
-        time.sleep(1.0)
-        return real_validate(*args)
-
-    def slow_save(*args):
-        time.sleep(1.0)
-        return real_save(*args)
-
-    monkeypatch.setattr(train, "validate", slow_validate)
-    monkeypatch.setattr(train.checkpoint, "save", slow_save)
+    """A window of updates with a slow validation and saves in it logs the speed of its updates alone."""
+    clock = HandClock(monkeypatch, update_s=1.0, valid_s=100.0, save_s=100.0)
     cfg = tiny_config(tmp_path, train={"max_steps": 4, "log_every": 2, "eval_every": 3, "save_every": 3})
     run_trainer(cfg)
     log = [json.loads(line) for line in (cfg.out_dir / "log.jsonl").read_text().splitlines()]
-    last = [e for e in log if e["kind"] == "train"][-1]
-    assert last["step"] == 4
-    # Updates 3 and 4 hold at most 2 x 300 target tokens: counted with the 3 s slept, the log could say 200 a second.
-    assert last["target_tokens_per_s"] > 2 * cfg.train.batch_tokens
+    first, last = [e for e in log if e["kind"] == "train"]
+    assert (first["step"], last["step"]) == (2, 4)
+    # Updates 3 and 4 took a second each; validation, best/ and step_3 took 300 s between them.
+    assert first["target_tokens_per_s"] == pytest.approx(sum(clock.tokens[:2]) / 2.0)
+    assert last["target_tokens_per_s"] == pytest.approx(sum(clock.tokens[2:]) / 2.0)
 
 
 def test_time_split_of_a_resumed_run_counts_both_parts(tmp_path, monkeypatch):
     """A slow validation just before the last save stays in the clock the resumed run goes on from."""
-    real = train.validate
-
-    def slow(*args):
-        time.sleep(1.0)
-        return real(*args)
-
-    monkeypatch.setattr(train, "validate", slow)
+    HandClock(monkeypatch, update_s=1.0, valid_s=100.0)
     run_trainer(tiny_config(tmp_path, train={"max_steps": 2, "eval_every": 2, "save_every": 2}))
     cfg = tiny_config(tmp_path, train={"max_steps": 4, "eval_every": 2, "save_every": 2})
     run_trainer(cfg, resume=True)
     log = [json.loads(line) for line in (cfg.out_dir / "log.jsonl").read_text().splitlines()]
     first, second = [e for e in log if e["kind"] == "end"]
-    assert second["valid_s"] >= first["valid_s"] + 1.0 and second["seconds"] >= first["seconds"] + 1.0
-    assert second["train_s"] >= first["train_s"]
+    assert (first["seconds"], first["train_s"], first["valid_s"], first["save_s"]) == (102.0, 2.0, 100.0, 0.0)
+    assert (second["seconds"], second["train_s"], second["valid_s"], second["save_s"]) == (204.0, 4.0, 200.0, 0.0)

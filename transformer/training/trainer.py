@@ -17,9 +17,9 @@ import contextlib
 import json
 import math
 import sys
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any, Callable
 
 import torch
@@ -31,7 +31,8 @@ from transformer.text.batching import make_batches
 from transformer.config import Config, dump
 from transformer.device import check_gpu_switches, check_precision, resolve_device, resolve_precision
 from transformer.errors import ConfigError
-from transformer.training.forecast import TIMED_UPDATES, forecast
+from transformer.training.forecast import forecast
+from transformer.training.meter import Meter
 from transformer.model.transformer import build_model
 from transformer.training.prefetch import ahead
 from transformer.training.schedule import make_optimizer
@@ -146,29 +147,44 @@ class Trainer:
         """Train, then finish: the progress bar is closed whatever happens."""
         self.bar = tqdm(total=self.cfg.train.max_steps, initial=self.state.step, disable=self.quiet, file=sys.stderr,
                         dynamic_ncols=True, unit="step")
-        self.model.train()
-        self.start = time.monotonic() - self.state.elapsed
-        self.window_tokens, self.window_start, self.window_aside = 0, time.monotonic(), self._aside()
+        self.meter = Meter(self.state)
         self.last_eval_step = -1
-        self.first_step, self.timed_from = self.state.step + 1, 0.0
+        self.model.train()
         self.signals.training = True
         try:
-            reason = self._epochs()
+            reason = self._train()
         finally:
             self.bar.close()
         return self._finish(reason)
 
-    def _epochs(self) -> str:
-        """Train epoch after epoch from where the state stands; return why training stopped."""
-        while self.state.epoch < self.cfg.train.max_epochs:
-            if reason := self._epoch():
-                return reason
+    def _train(self) -> str:
+        """Epoch after epoch, update after update: update, log, validate, save, stop; why training stopped."""
+        t = self.cfg.train
+        while self.state.epoch < t.max_epochs:
+            with contextlib.closing(self._updates()) as updates:
+                for batch_in_epoch, work in updates:
+                    out = self.update(work, self.state.step + 1)
+                    self._count(out, batch_in_epoch)
+                    if self.state.bad_in_a_row >= t.max_bad_steps:
+                        return "non_finite"
+                    if out is not None and self.state.step % t.log_every == 0:
+                        self._log(*out)
+                    self._forecast()
+                    early_stop = False
+                    if self.state.step % t.eval_every == 0:
+                        self._evaluate_and_keep_best()
+                        early_stop = self.state.evals_without_gain >= t.patience
+                    if self.state.step % t.save_every == 0:
+                        self._save("periodic")
+                    if reason := self._limit_reached() or ("early_stopping" if early_stop else None):
+                        return reason
             self.state.epoch += 1
             self.state.batch_in_epoch = 0
         return "max_epochs"
 
-    def _epoch(self) -> str | None:
-        """The rest of the current epoch, update by update; the reason to stop, or None at the epoch's end."""
+    def _updates(self) -> Iterator[tuple[int, UpdateBatches]]:
+        """The rest of the current epoch's updates, collated (ahead, with ``train.prefetch``), each with the
+        position in the epoch after it."""
         t = self.cfg.train
         batches = make_batches(self.train_enc, t.batch_tokens, self.cfg.seed, self.state.epoch,
                                shuffle=True, pad_multiple=t.pad_multiple)
@@ -176,59 +192,54 @@ class Trainer:
         pin = self.device.type == "cuda"
 
         def collated(i: int) -> tuple[int, UpdateBatches]:
-            return i, collate_update(batches[i:i + size], self.train_enc, self.tokenizer, self.cfg, pin)
+            return min(i + size, len(batches)), collate_update(batches[i:i + size], self.train_enc, self.tokenizer,
+                                                               self.cfg, pin)
 
         with contextlib.closing(ahead(collated, range(self.state.batch_in_epoch, len(batches), size), t.prefetch)) \
-                as updates:
-            for i, work in updates:
-                if reason := self._one_update(work, min(i + size, len(batches))):
-                    return reason
-        return None
+                as made:
+            yield from made
 
-    def _one_update(self, work: UpdateBatches, batch_in_epoch: int) -> str | None:
-        """Run one update and book it; the reason to stop, if any."""
-        out = self.update(work, self.state.step + 1)
-        self.state.batch_in_epoch = batch_in_epoch
-        self.state.step += 1
-        self.state.elapsed = time.monotonic() - self.start
-        self.bar.update(1)
-        return self._after_update(out)
-
-    def _after_update(self, out: tuple[float, float, int] | None) -> str | None:
-        """Count the update, then validate, save and check the limits as due; the reason to stop, if any."""
-        t = self.cfg.train
+    def _count(self, out: tuple[float, float, int] | None, batch_in_epoch: int) -> None:
+        """Book an update: where the data stands, the step, the clock, and a finite or a skipped update."""
+        s = self.state
+        s.batch_in_epoch = batch_in_epoch
+        s.step += 1
         if out is None:
-            self.state.skipped_steps += 1
-            self.state.bad_in_a_row += 1
-            if self.state.bad_in_a_row >= t.max_bad_steps:
-                return "non_finite"
+            s.skipped_steps += 1
+            s.bad_in_a_row += 1
         else:
-            self._count(*out)
-        self._forecast()
-        stop = None
-        if self.state.step % t.eval_every == 0:
-            self._evaluate_and_keep_best()
-            self.last_eval_step = self.state.step
-            if self.state.evals_without_gain >= t.patience:
-                stop = "early_stopping"
-        if self.state.step % t.save_every == 0:
-            self._save("periodic")
-        self._agree_on_stop()
-        return self._limit_reached() or stop
+            s.bad_in_a_row = 0
+            s.last_finite_loss = out[0]
+            s.target_tokens += out[2]
+        self.meter.tick(0 if out is None else out[2])
+        self.bar.update(1)
+
+    def _log(self, loss: float, nll: float, tokens: int) -> None:
+        """A log line of the update, with the throughput of the updates since the last one."""
+        tps = self.meter.throughput()
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}")
+        self._record({"step": self.state.step, "kind": "train", "loss": loss, "nll": nll,
+                      "ppl": math.exp(min(nll, 50.0)), "lr": lr, "target_tokens_per_s": tps,
+                      "skipped_steps": self.state.skipped_steps, "elapsed_s": self.state.elapsed})
 
     def _forecast(self) -> None:
-        """Time the updates after the first; after a few, say how long the rest would take if that is long."""
+        """After the first few updates, say how long the rest would take, if that is long."""
         t = self.cfg.train
-        if self.state.step == self.first_step:
-            self.timed_from = time.monotonic()
-        elif self.state.step == self.first_step + TIMED_UPDATES and t.max_minutes is None:
-            per_update = (time.monotonic() - self.timed_from) / TIMED_UPDATES
+        per_update = self.meter.seconds_per_update()
+        if per_update is not None and t.max_minutes is None:
             if note := forecast(per_update, t.max_steps - self.state.step, self.device.type):
                 self.log(note)
 
     def _limit_reached(self) -> str | None:
-        """A signal, max_steps or max_minutes, whichever came first; it outranks early stopping in the record."""
+        """A signal, max_steps or max_minutes, whichever came first, agreed by every rank; it outranks early stopping.
+
+        Ranks stop together: each takes the latest signal and the longest elapsed time any rank has seen.
+        """
         t = self.cfg.train
+        signum, elapsed = distributed.all_max([self.signals.signum or 0, self.state.elapsed])
+        self.signals.signum = int(signum) or None
+        self.state.elapsed = elapsed
         if self.signals.signum is not None:
             return "signal"
         if self.state.step >= t.max_steps:
@@ -236,33 +247,6 @@ class Trainer:
         if t.max_minutes is not None and self.state.elapsed >= t.max_minutes * 60:
             return "max_minutes"
         return None
-
-    def _count(self, loss: float, nll: float, tokens: int) -> None:
-        """Book a finite update; every ``log_every`` updates, log it with the training throughput since the last log."""
-        self.state.bad_in_a_row = 0
-        self.state.last_finite_loss = loss
-        self.state.target_tokens += tokens
-        self.window_tokens += tokens
-        if self.state.step % self.cfg.train.log_every != 0:
-            return
-        now, aside = time.monotonic(), self._aside()
-        tps = self.window_tokens / max(now - self.window_start - (aside - self.window_aside), 1e-9)
-        self.window_tokens, self.window_start, self.window_aside = 0, now, aside
-        lr = self.optimizer.param_groups[0]["lr"]
-        self.bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}")
-        self._record({"step": self.state.step, "kind": "train", "loss": loss, "nll": nll,
-                      "ppl": math.exp(min(nll, 50.0)), "lr": lr, "target_tokens_per_s": tps,
-                      "skipped_steps": self.state.skipped_steps, "elapsed_s": self.state.elapsed})
-
-    def _aside(self) -> float:
-        """Seconds this run has spent validating and saving, which its logged throughput leaves out."""
-        return self.state.valid_s + self.state.save_s
-
-    def _agree_on_stop(self) -> None:
-        """Ranks stop together: each takes the latest signal and the longest elapsed time any rank has seen."""
-        signum, elapsed = distributed.all_max([self.signals.signum or 0, self.state.elapsed])
-        self.signals.signum = int(signum) or None
-        self.state.elapsed = elapsed
 
     # ----- records, validation, checkpoints ------------------------------------------------------------------
 
@@ -276,23 +260,22 @@ class Trainer:
         """Rank 0 validates and keeps the best; every rank then holds its verdict (for early stopping)."""
         if distributed.is_main():
             self._validate_and_keep_best()
+        self.last_eval_step = self.state.step
         verdict = distributed.from_main((self.state.best_bleu, self.state.evals_without_gain))
         self.state.best_bleu, self.state.evals_without_gain = verdict
 
     def _validate_and_keep_best(self) -> None:
-        began = time.monotonic()
-        metrics = validate(self.model, self.tokenizer, self.cfg, self.device, self.valid, self.valid_enc)
-        took = time.monotonic() - began
-        self.state.valid_s += took
-        self._record({"step": self.state.step, "kind": "valid", **metrics, "valid_s": took,
-                      "elapsed_s": time.monotonic() - self.start})
+        before = self.state.valid_s
+        with self.meter.aside("valid"):
+            metrics = validate(self.model, self.tokenizer, self.cfg, self.device, self.valid, self.valid_enc)
+        self._record({"step": self.state.step, "kind": "valid", **metrics, "valid_s": self.state.valid_s - before,
+                      "elapsed_s": self.meter.since_start()})
         if metrics["valid_bleu"] > self.state.best_bleu:
             self.state.best_bleu = metrics["valid_bleu"]
             self.state.evals_without_gain = 0
             meta = {"step": self.state.step, **metrics}
-            began = time.monotonic()
-            checkpoint.save(self.run_dir / "best", self.cfg, self.tokenizer, self.model, meta)
-            self.state.save_s += time.monotonic() - began
+            with self.meter.aside("save"):
+                checkpoint.save(self.run_dir / "best", self.cfg, self.tokenizer, self.model, meta)
         else:
             self.state.evals_without_gain += 1
         self.log(f"step {self.state.step}: valid loss {metrics['valid_loss']:.3f} ppl {metrics['valid_ppl']:.2f} "
@@ -300,18 +283,17 @@ class Trainer:
 
     def _save(self, reason: str) -> None:
         """A resumable checkpoint, written by rank 0 with every rank's RNG state; the other ranks wait."""
-        began = time.monotonic()
-        self.state.elapsed = began - self.start  # with the validation just before: a resumed run goes on from here
-        rank_rng = distributed.gather_rng(self.device)
-        if distributed.is_main():
-            meta = {"step": self.state.step, "best_bleu": self.state.best_bleu, "reason": reason}
-            path = self.run_dir / "checkpoints" / f"{checkpoint.STEP_PREFIX}{self.state.step}"
-            state = train_state.capture(self.state, self.optimizer, self.scaler)
-            state |= {"rank_rng": rank_rng} if rank_rng else {}
-            checkpoint.save(path, self.cfg, self.tokenizer, self.model, meta, state)
-            checkpoint.prune(self.run_dir, self.cfg.train.keep_last)
-        distributed.barrier()
-        self.state.save_s += time.monotonic() - began
+        with self.meter.aside("save"):
+            self.state.elapsed = self.meter.since_start()  # with the validation just before: a resumed run goes on here
+            rank_rng = distributed.gather_rng(self.device)
+            if distributed.is_main():
+                meta = {"step": self.state.step, "best_bleu": self.state.best_bleu, "reason": reason}
+                path = self.run_dir / "checkpoints" / f"{checkpoint.STEP_PREFIX}{self.state.step}"
+                state = train_state.capture(self.state, self.optimizer, self.scaler)
+                state |= {"rank_rng": rank_rng} if rank_rng else {}
+                checkpoint.save(path, self.cfg, self.tokenizer, self.model, meta, state)
+                checkpoint.prune(self.run_dir, self.cfg.train.keep_last)
+            distributed.barrier()
 
     def _finish(self, reason: str) -> Result:
         """Validate and save as the reason calls for, and say how the run ended."""
@@ -336,12 +318,10 @@ class Trainer:
 
     def _record_time_split(self, reason: str) -> None:
         """Where the run's time went, so that a user sees whether validation or checkpoints eat the budget."""
-        s = self.state
-        total = time.monotonic() - self.start - s.split_from_s
-        train = total - s.valid_s - s.save_s
-        self._record({"step": s.step, "kind": "end", "reason": reason, "from_step": s.split_from_step,
-                      "seconds": total, "train_s": train, "valid_s": s.valid_s, "save_s": s.save_s})
-        share = [f"{name} {seconds / 60:.1f} min ({100 * seconds / max(total, 1e-9):.0f}%)"
-                 for name, seconds in (("training", train), ("validation", s.valid_s), ("checkpoints", s.save_s))]
+        s, split = self.state, self.meter.split()
+        total = split["seconds"]
+        self._record({"step": s.step, "kind": "end", "reason": reason, "from_step": s.split_from_step, **split})
+        share = [f"{name} {split[key] / 60:.1f} min ({100 * split[key] / max(total, 1e-9):.0f}%)"
+                 for name, key in (("training", "train_s"), ("validation", "valid_s"), ("checkpoints", "save_s"))]
         since = f" since step {s.split_from_step}" if s.split_from_step else ""
         self.log(f"time{since}: {total / 60:.1f} min: {', '.join(share)}")

@@ -1,0 +1,73 @@
+"""A training run's clock: time since the start, the throughput of the updates alone, and the time set aside.
+
+Validation and saving are timed apart (``aside``) and left out of the logged throughput, so a window
+that holds a validation still says how fast the updates ran. Every duration of a run is read from
+``clock``, which the tests replace with a clock they move by hand.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+
+from transformer.training.forecast import TIMED_UPDATES
+from transformer.training.train_state import TrainState
+
+
+def clock() -> float:
+    """Seconds on the monotonic clock."""
+    return time.monotonic()
+
+
+class Meter:
+    """Times a run from ``state`` on (a resumed run's clock goes on from its saved elapsed time)."""
+
+    def __init__(self, state: TrainState) -> None:
+        self.state = state
+        self.start = clock() - state.elapsed
+        self.first_step = state.step + 1  # it pays for warm-up, so the forecast times the updates after it
+        self.timed_from = 0.0
+        self.window_tokens, self.window_start, self.window_aside = 0, clock(), self._aside_s()
+
+    def since_start(self) -> float:
+        """Seconds since the run began, the earlier parts of a resumed run included."""
+        return clock() - self.start
+
+    def tick(self, tokens: int) -> None:
+        """After an update of ``tokens`` target tokens (0 if skipped): the run's elapsed time, the window's tokens."""
+        self.state.elapsed = self.since_start()
+        self.window_tokens += tokens
+        if self.state.step == self.first_step:
+            self.timed_from = clock()
+
+    def seconds_per_update(self) -> float | None:
+        """Seconds an update took over the ``TIMED_UPDATES`` after the first, once, right after them; else None."""
+        if self.state.step != self.first_step + TIMED_UPDATES:
+            return None
+        return (clock() - self.timed_from) / TIMED_UPDATES
+
+    def throughput(self) -> float:
+        """Target tokens per second of the updates since the last call, time set aside left out; starts a new window."""
+        now, aside = clock(), self._aside_s()
+        tps = self.window_tokens / max(now - self.window_start - (aside - self.window_aside), 1e-9)
+        self.window_tokens, self.window_start, self.window_aside = 0, now, aside
+        return tps
+
+    @contextlib.contextmanager
+    def aside(self, kind: str) -> Iterator[None]:
+        """Time the block as ``kind`` (``valid`` or ``save``), which the throughput leaves out."""
+        began = clock()
+        try:
+            yield
+        finally:
+            setattr(self.state, f"{kind}_s", getattr(self.state, f"{kind}_s") + clock() - began)
+
+    def split(self) -> dict[str, float]:
+        """Where the run's time went since it began (or since ``split_from_s`` for runs saved before the split)."""
+        total = self.since_start() - self.state.split_from_s
+        s = self.state
+        return {"seconds": total, "train_s": total - s.valid_s - s.save_s, "valid_s": s.valid_s, "save_s": s.save_s}
+
+    def _aside_s(self) -> float:
+        return self.state.valid_s + self.state.save_s
