@@ -24,15 +24,15 @@ import torch
 from bench.common import DEFAULT_DATA, ROOT
 from bench.marian_peer import build_marian, marian_logits
 from transformer import checkpoint
-from transformer.text.batching import collate, encode_corpus, make_batches, source_tensor
 from transformer.config import Config, load
-from transformer.text.corpus import load_split
 from transformer.decoding.scoring import score
+from transformer.decoding.translator import Translator
+from transformer.text.batching import collate, encode_corpus, make_batches, source_tensor
+from transformer.text.corpus import load_split
+from transformer.text.tokenizer import train_tokenizer
 from transformer.training.loss import label_smoothed_nll
 from transformer.training.schedule import learning_rate
-from transformer.text.tokenizer import train_tokenizer
 from transformer.training.trainer import Trainer
-from transformer.decoding.translator import Translator
 
 # The peer's recipe as measured on this machine (issue 4): peak 5e-4 after 200 linear warm-up steps.
 PEER_RECIPE = {"peak_lr": 5e-4, "warmup": 200}
@@ -49,8 +49,9 @@ def train_tfm(cfg, minutes: float) -> tuple[Path, int]:
 def evaluate_tfm(ckpt: Path, src: list[str], refs: list[str], beam: int) -> tuple[float, float, float]:
     """(BLEU, chrF, seconds) of a tfm checkpoint on the test split."""
     loaded = checkpoint.load(ckpt)
-    t = Translator(loaded.model, loaded.tokenizer, loaded.cfg.decode, loaded.cfg.model.max_positions,
-                   torch.device("cpu"))
+    t = Translator(
+        loaded.model, loaded.tokenizer, loaded.cfg.decode, loaded.cfg.model.max_positions, torch.device("cpu")
+    )
     start = time.perf_counter()
     hyps = [x.best for x in t.translate(src, beam=beam)]
     s = score(hyps, refs, loaded.cfg.data.tgt_lang)
@@ -58,7 +59,10 @@ def evaluate_tfm(ckpt: Path, src: list[str], refs: list[str], beam: int) -> tupl
 
 
 def train_marian(cfg: Config, minutes: float):
-    """Train the peer on tfm's batches for ``minutes`` with its own measured recipe; return (model, tokenizer, steps)."""
+    """Train the peer on tfm's batches for ``minutes`` with its own measured recipe.
+
+    Returns (model, tokenizer, steps).
+    """
     train = load_split(cfg.data, cfg.data.train_split)
     tok = train_tokenizer(cfg.tokenizer, train)
     torch.manual_seed(cfg.seed)
@@ -94,10 +98,15 @@ def evaluate_marian(peer, tok, src: list[str], refs: list[str], beam: int, tgt_l
     hyps = [""] * len(ids)
     with torch.inference_mode():
         for k in range(0, len(order), 64):
-            rows = order[k:k + 64]
+            rows = order[k : k + 64]
             x = source_tensor([ids[i] for i in rows], tok)
-            out = peer.generate(input_ids=x, attention_mask=(x != tok.pad_id).long(), num_beams=beam,
-                                max_new_tokens=x.size(1) + 50, do_sample=False)
+            out = peer.generate(
+                input_ids=x,
+                attention_mask=(x != tok.pad_id).long(),
+                num_beams=beam,
+                max_new_tokens=x.size(1) + 50,
+                do_sample=False,
+            )
             for r, i in enumerate(rows):
                 hyps[i] = tok.decode(out[r].tolist())
     s = score(hyps, refs, tgt_lang)
@@ -117,8 +126,14 @@ def side(name: str, cfg: Config, minutes: float, threads: int, n_test: int | Non
         peer, tok, steps = train_marian(cfg, minutes)
         scores = {b: evaluate_marian(peer, tok, src, refs, b, cfg.data.tgt_lang) for b in (5, 1)}
         fingerprint = tok.fingerprint()
-    return {"steps": steps, "bleu5": scores[5][0], "chrf5": scores[5][1], "bleu_greedy": scores[1][0],
-            "decode5_s": round(scores[5][2], 1), "tokenizer": fingerprint[:12]}
+    return {
+        "steps": steps,
+        "bleu5": scores[5][0],
+        "chrf5": scores[5][1],
+        "bleu_greedy": scores[1][0],
+        "decode5_s": round(scores[5][2], 1),
+        "tokenizer": fingerprint[:12],
+    }
 
 
 def main() -> None:
@@ -133,21 +148,35 @@ def main() -> None:
     args = parser.parse_args()
     cfg = load(args.config, [f"data.path={args.data}", f"run_dir={args.runs}", "name=bleu_budget", *args.set])
     with mp.get_context("spawn").Pool(2) as pool:
-        jobs = {name: pool.apply_async(side, (name, cfg, args.minutes, args.threads, args.test_sentences))
-                for name in ("tfm", "marian")}
+        jobs = {
+            name: pool.apply_async(side, (name, cfg, args.minutes, args.threads, args.test_sentences))
+            for name in ("tfm", "marian")
+        }
         res = {name: job.get() for name, job in jobs.items()}
     tfm, marian = res["tfm"], res["marian"]
     if tfm["tokenizer"] != marian["tokenizer"]:
         print(f"warning: the two tokenizers differ ({tfm['tokenizer']} vs {marian['tokenizer']})")
-    print(f"\n{args.minutes:g} min of CPU training each, side by side, {args.threads} thread(s) each; "
-          f"{Path(args.config).name} ({cfg.precision}); Multi30k de->en test_2016_flickr")
+    print(
+        f"\n{args.minutes:g} min of CPU training each, side by side, {args.threads} thread(s) each; "
+        f"{Path(args.config).name} ({cfg.precision}); Multi30k de->en test_2016_flickr"
+    )
     print(f"{'':8} {'steps':>6} {'BLEU b5':>8} {'chrF b5':>8} {'BLEU greedy':>12}")
     for name, r in (("tfm", tfm), ("Marian", marian)):
         print(f"{name:8} {r['steps']:>6} {r['bleu5']:>8.2f} {r['chrf5']:>8.2f} {r['bleu_greedy']:>12.2f}")
     ratio = tfm["bleu5"] / max(marian["bleu5"], 1e-9)
     print(f"BLEU ratio tfm / Marian (beam 5): {ratio:.2f}")
-    print(json.dumps({"minutes": args.minutes, "threads": args.threads, "precision": cfg.precision,
-                      "tfm": tfm, "marian": marian, "bleu_ratio": round(ratio, 3)}))
+    print(
+        json.dumps(
+            {
+                "minutes": args.minutes,
+                "threads": args.threads,
+                "precision": cfg.precision,
+                "tfm": tfm,
+                "marian": marian,
+                "bleu_ratio": round(ratio, 3),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -76,7 +76,10 @@ def _peer_versions() -> dict[str, str | None]:
 
 
 def machine() -> dict[str, object]:
-    """The hardware and software every figure depends on; ``cpu_flags`` names the matmul units a CPU model name hides."""
+    """The hardware and software every figure depends on.
+
+    ``cpu_flags`` names the matmul units a CPU model name hides.
+    """
     cpu, flags = platform.processor() or platform.machine(), set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -88,12 +91,19 @@ def machine() -> dict[str, object]:
                 break
     except OSError:
         pass
-    return {"cpu": cpu, "cpu_flags": [f for f in MATMUL_FLAGS if f in flags], "cores": os.cpu_count(),
-            "threads": torch.get_num_threads(), "torch": torch.__version__, **_peer_versions(),
-            "python": platform.python_version(), "load_avg_1min": round(os.getloadavg()[0], 2),
-            "page_fault_us": round(page_fault_us(), 2),
-            **{k.lower(): os.environ.get(k) for k in (*OMP_KEYS, SHARED_CPU)},
-            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+    return {
+        "cpu": cpu,
+        "cpu_flags": [f for f in MATMUL_FLAGS if f in flags],
+        "cores": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        **_peer_versions(),
+        "python": platform.python_version(),
+        "load_avg_1min": round(os.getloadavg()[0], 2),
+        "page_fault_us": round(page_fault_us(), 2),
+        **{k.lower(): os.environ.get(k) for k in (*OMP_KEYS, SHARED_CPU)},
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
 
 
 def shape_config(shape: str, data: str) -> Config:

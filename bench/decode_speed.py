@@ -34,11 +34,11 @@ from bench import SPIN_SET_HERE
 from bench.common import interleave, paired_ratio
 from bench.marian_peer import build_marian, copy_tfm_weights
 from transformer import checkpoint
-from transformer.text.batching import source_tensor
-from transformer.decoding.scoring import score
 from transformer.decoding.export import export
+from transformer.decoding.scoring import score
 from transformer.decoding.search import max_output_lengths
 from transformer.decoding.translator import Translator
+from transformer.text.batching import source_tensor
 
 Decoder = Callable[[list[str], int], list[str]]
 
@@ -54,8 +54,14 @@ class Setting:
 def tfm_decoder(loaded: checkpoint.Loaded, precision: str = "fp32", device: str = "cpu") -> Decoder:
     """tfm's Translator; each call's lines form one batch."""
     decode = replace(loaded.cfg.decode, batch_tokens=10**9)
-    t = Translator(loaded.model.to(device), loaded.tokenizer, decode, loaded.cfg.model.max_positions,
-                   torch.device(device), precision)
+    t = Translator(
+        loaded.model.to(device),
+        loaded.tokenizer,
+        decode,
+        loaded.cfg.model.max_positions,
+        torch.device(device),
+        precision,
+    )
     return lambda lines, beam: [x.best for x in t.translate_chunk(lines, beam=beam)]
 
 
@@ -79,9 +85,15 @@ def marian_decoder(loaded: checkpoint.Loaded, length_penalty: float, device: str
         src = source_tensor(ids, tok).to(device)
         stop = {"early_stopping": True, "length_penalty": length_penalty} if beam > 1 else {}
         with torch.inference_mode():
-            out = peer.generate(input_ids=src, attention_mask=(src != tok.pad_id).long(), num_beams=beam,
-                                do_sample=False, max_new_tokens=max(limits) + 1,
-                                suppress_tokens=[tok.pad_id, tok.start_id], **stop)
+            out = peer.generate(
+                input_ids=src,
+                attention_mask=(src != tok.pad_id).long(),
+                num_beams=beam,
+                do_sample=False,
+                max_new_tokens=max(limits) + 1,
+                suppress_tokens=[tok.pad_id, tok.start_id],
+                **stop,
+            )
         rows = [_until_end(row[1:], tok.end_id, n) for row, n in zip(out.tolist(), limits)]  # [1:]: <START>
         return tok.decode_batch(rows)
 
@@ -108,16 +120,21 @@ def ct2_decoder(loaded: checkpoint.Loaded, folder: Path, length_penalty: float) 
     ctranslate2 = _import_ctranslate2()
     tok, d = loaded.tokenizer, loaded.cfg.decode
     export(loaded.path, folder, overwrite=True)
-    translator = ctranslate2.Translator(str(folder), device="cpu", inter_threads=1,
-                                       intra_threads=torch.get_num_threads())
+    translator = ctranslate2.Translator(
+        str(folder), device="cpu", inter_threads=1, intra_threads=torch.get_num_threads()
+    )
     vocab = [tok.id_to_token(i) for i in range(tok.vocab_size)]
     index = {t: i for i, t in enumerate(vocab)}
 
     def run(lines: list[str], beam: int) -> list[str]:
         ids = tok.encode_batch(lines)
         limits = _limits(ids, d.max_len_a, d.max_len_b)
-        out = translator.translate_batch([[vocab[i] for i in x] for x in ids], beam_size=beam,
-                                         length_penalty=length_penalty, max_decoding_length=max(limits) + 1)
+        out = translator.translate_batch(
+            [[vocab[i] for i in x] for x in ids],
+            beam_size=beam,
+            length_penalty=length_penalty,
+            max_decoding_length=max(limits) + 1,
+        )
         return tok.decode_batch([[index[t] for t in r.hypotheses[0]][:n] for r, n in zip(out, limits)])
 
     return run
@@ -135,8 +152,16 @@ def batches(lines: list[str], tok, setting: Setting, count: int, seed: int = 0) 
     return cut[:count]
 
 
-def measure(systems: dict[str, Decoder], lines: list[str], refs: list[str], tok, tgt_lang: str, setting: Setting,
-            rounds: int, per_round: int) -> dict[str, dict[str, float]]:
+def measure(
+    systems: dict[str, Decoder],
+    lines: list[str],
+    refs: list[str],
+    tok,
+    tgt_lang: str,
+    setting: Setting,
+    rounds: int,
+    per_round: int,
+) -> dict[str, dict[str, float]]:
     """Sentences/s and tokens/s over all the sentences decoded, BLEU on them, and time ratios to tfm.
 
     Throughput is the total over the rounds divided by their total time, as when translating a file:
@@ -155,6 +180,7 @@ def measure(systems: dict[str, Decoder], lines: list[str], refs: list[str], tok,
             for g in groups[r * per_round : (r + 1) * per_round]:
                 for i, text in zip(g, systems[name]([lines[i] for i in g], setting.beam)):
                     outputs[name][i] = text
+
         return run
 
     times = interleave({name: timed(name) for name in systems}, rounds)
@@ -165,10 +191,14 @@ def measure(systems: dict[str, Decoder], lines: list[str], refs: list[str], tok,
         sents = [sum(map(len, p)) for p in per]
         toks = [sum(len(x) for x in tok.encode_batch([outputs[name][i] for g in p for i in g])) for p in per]
         bleu = score([outputs[name][i] for i in done], [refs[i] for i in done], tgt_lang).bleu
-        result[name] = {"sentences_per_s": sum(sents) / sum(ts), "tokens_per_s": sum(toks) / sum(ts),
-                        "bleu": bleu, "sentences": len(done),
-                        "tfm_speedup": sum(ts) / sum(times["tfm"]),
-                        "tfm_speedup_median_round": paired_ratio(ts, times["tfm"])}
+        result[name] = {
+            "sentences_per_s": sum(sents) / sum(ts),
+            "tokens_per_s": sum(toks) / sum(ts),
+            "bleu": bleu,
+            "sentences": len(done),
+            "tfm_speedup": sum(ts) / sum(times["tfm"]),
+            "tfm_speedup_median_round": paired_ratio(ts, times["tfm"]),
+        }
     return result
 
 
@@ -176,19 +206,27 @@ def peers(loaded: checkpoint.Loaded, workdir: str | None = None) -> dict[str, De
     """tfm and both peers, ready to decode; the peers length-normalise with the checkpoint's alpha."""
     length_penalty = loaded.cfg.decode.alpha
     folder = Path(workdir or tempfile.mkdtemp(prefix="tfm-ct2-")) / "ct2"
-    return {"tfm": tfm_decoder(loaded), "transformers": marian_decoder(loaded, length_penalty),
-            "ctranslate2": ct2_decoder(loaded, folder, length_penalty)}
+    return {
+        "tfm": tfm_decoder(loaded),
+        "transformers": marian_decoder(loaded, length_penalty),
+        "ctranslate2": ct2_decoder(loaded, folder, length_penalty),
+    }
 
 
-def agreement(loaded: checkpoint.Loaded, lines: list[str], refs: list[str], workdir: str) -> dict[str, dict[str, float]]:
+def agreement(
+    loaded: checkpoint.Loaded, lines: list[str], refs: list[str], workdir: str
+) -> dict[str, dict[str, float]]:
     """Beam 5, batch 32 over all ``lines`` with no length normalisation in any system (alpha 0, length_penalty 0).
 
     Without the one convention that differs, the three should translate alike: the share of
     outputs identical to tfm's, and each one's BLEU.
     """
     plain = replace(loaded, cfg=replace(loaded.cfg, decode=replace(loaded.cfg.decode, alpha=0.0)))
-    systems = {"tfm": tfm_decoder(plain), "transformers": marian_decoder(plain, 0.0),
-               "ctranslate2": ct2_decoder(plain, Path(workdir) / "ct2", 0.0)}
+    systems = {
+        "tfm": tfm_decoder(plain),
+        "transformers": marian_decoder(plain, 0.0),
+        "ctranslate2": ct2_decoder(plain, Path(workdir) / "ct2", 0.0),
+    }
     groups = batches(lines, loaded.tokenizer, Setting(5, 32), len(lines))
     outputs = {}
     for name, system in systems.items():
@@ -197,6 +235,10 @@ def agreement(loaded: checkpoint.Loaded, lines: list[str], refs: list[str], work
             out.update(zip(g, system([lines[i] for i in g], 5)))
         outputs[name] = [out[i] for i in range(len(lines))]
     tgt = loaded.cfg.data.tgt_lang
-    return {name: {"bleu": score(texts, refs, tgt).bleu,
-                   "identical_to_tfm": sum(a == b for a, b in zip(texts, outputs["tfm"])) / len(lines)}
-            for name, texts in outputs.items()}
+    return {
+        name: {
+            "bleu": score(texts, refs, tgt).bleu,
+            "identical_to_tfm": sum(a == b for a, b in zip(texts, outputs["tfm"])) / len(lines),
+        }
+        for name, texts in outputs.items()
+    }

@@ -36,13 +36,13 @@ import torch
 from bench import train_speed
 from bench.common import DEFAULT_DATA, ROOT, interleave, machine, median, paired_ratio
 from bench.flops import matmul_peak
-from transformer.text.batching import EncodedCorpus, encode_corpus, make_batches
 from transformer.config import Config, load
-from transformer.text.corpus import load_split
 from transformer.device import resolve_precision
 from transformer.model.transformer import build_model
-from transformer.training.schedule import make_optimizer
+from transformer.text.batching import EncodedCorpus, encode_corpus, make_batches
+from transformer.text.corpus import load_split
 from transformer.text.tokenizer import Tokenizer, train_tokenizer
+from transformer.training.schedule import make_optimizer
 from transformer.training.update import UpdateBatches, Updater, collate_update
 
 LEVERS_OFF = {"static_shapes": False, "cuda_graphs": False, "compile": False, "prefetch": 0}
@@ -79,8 +79,9 @@ def config(data: str, overrides: list[str]) -> Config:
 class System:
     """One way of training: a fresh base model (the same initial weights for every system), Adam, and an Updater."""
 
-    def __init__(self, cfg: Config, tok: Tokenizer, data: EncodedCorpus, updates: list[list[list[int]]],
-                 device: torch.device) -> None:
+    def __init__(
+        self, cfg: Config, tok: Tokenizer, data: EncodedCorpus, updates: list[list[list[int]]], device: torch.device
+    ) -> None:
         self.device = device
         torch.manual_seed(cfg.seed)
         model = build_model(cfg.model, tok.vocab_size, tok.pad_id).to(device).train()
@@ -93,8 +94,9 @@ class System:
         self.first_s: list[float] = []
 
     def work(self, r: int) -> UpdateBatches:
-        return collate_update(self.updates[r % len(self.updates)], self.data, self.tok, self.cfg,
-                              pin=self.device.type == "cuda")
+        return collate_update(
+            self.updates[r % len(self.updates)], self.data, self.tok, self.cfg, pin=self.device.type == "cuda"
+        )
 
     def __call__(self, r: int) -> None:
         """Update r over the r-th update's batches (cycling), collated here as the Trainer collates them."""
@@ -107,8 +109,13 @@ def _tokens(data: EncodedCorpus, update: list[list[int]]) -> int:
     return sum(int(data.tgt_lengths[i].sum()) + len(i) for i in update)
 
 
-def measure(systems: dict[str, Callable[[int], None]], data: EncodedCorpus, updates: list[list[list[int]]],
-            warmup: int, rounds: int) -> dict[str, Any]:
+def measure(
+    systems: dict[str, Callable[[int], None]],
+    data: EncodedCorpus,
+    updates: list[list[list[int]]],
+    warmup: int,
+    rounds: int,
+) -> dict[str, Any]:
     """Systems alternated over ``warmup + rounds`` updates; target tokens/s (median) and ratios to the default."""
     started = {}
     for name, step in systems.items():  # the first updates (eager runs, captures, compilation), timed apart
@@ -120,16 +127,23 @@ def measure(systems: dict[str, Callable[[int], None]], data: EncodedCorpus, upda
     tokens = [_tokens(data, updates[(r + warmup) % len(updates)]) for r in range(rounds)]
     rows = {}
     for name, ts in times.items():
-        rows[name] = {"tgt_tok_s": median([n / t for n, t in zip(tokens, ts)]), "update_s": median(ts),
-                      "first_updates_s": started[name], "first_updates": warmup}
+        rows[name] = {
+            "tgt_tok_s": median([n / t for n, t in zip(tokens, ts)]),
+            "update_s": median(ts),
+            "first_updates_s": started[name],
+            "first_updates": warmup,
+        }
     for name in rows:
         rows[name]["vs_default"] = paired_ratio(times["default"], times[name]) if "default" in times else None
         rows[name]["vs_marian"] = paired_ratio(times["marian"], times[name]) if "marian" in times else None
     for name, row in rows.items():
-        print(f"  {name:>24}: {row['tgt_tok_s']:>10,.0f} tgt tok/s  {row['update_s'] * 1e3:7.1f} ms/update  "
-              + (f"{row['vs_default']:.2f}x default  " if row["vs_default"] else "")
-              + (f"{row['vs_marian']:.2f}x Marian" if row["vs_marian"] else "")
-              + f"  (first {warmup} updates {row['first_updates_s']:.1f} s)", flush=True)
+        print(
+            f"  {name:>24}: {row['tgt_tok_s']:>10,.0f} tgt tok/s  {row['update_s'] * 1e3:7.1f} ms/update  "
+            + (f"{row['vs_default']:.2f}x default  " if row["vs_default"] else "")
+            + (f"{row['vs_marian']:.2f}x Marian" if row["vs_marian"] else "")
+            + f"  (first {warmup} updates {row['first_updates_s']:.1f} s)",
+            flush=True,
+        )
     return rows
 
 
@@ -137,7 +151,7 @@ def first_updates(data: EncodedCorpus, cfg: Config, count: int) -> list[list[lis
     """The first ``count`` updates' index lists of a shuffled epoch, as the Trainer cuts them."""
     order = make_batches(data, cfg.train.batch_tokens, cfg.seed, 0, shuffle=True, pad_multiple=cfg.train.pad_multiple)
     size = cfg.train.accumulate
-    return [order[i:i + size] for i in range(0, min(len(order), count * size), size)]
+    return [order[i : i + size] for i in range(0, min(len(order), count * size), size)]
 
 
 def family(name: str) -> str:
@@ -150,7 +164,8 @@ def family(name: str) -> str:
 def profile(system: System, start: int, updates: int) -> dict[str, Any]:
     """One system's updates ``start..start+updates-1`` under torch.profiler: per-update wall and GPU busy time,
     kernel launches, GPU time by kernel family (CPU only: operator time, no kernels)."""
-    from torch.profiler import ProfilerActivity, profile as torch_profile
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
 
     cuda = system.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -169,16 +184,24 @@ def profile(system: System, start: int, updates: int) -> dict[str, Any]:
             by_family[family(e.name)] += us
             count += 1
     busy = sum(by_family.values()) / 1e6 / updates
-    out = {"wall_s_per_update": wall, "gpu_busy_s_per_update": busy if cuda else None,
-           "gpu_busy_share": busy / wall if cuda else None, "kernels_per_update": count / updates if cuda else None,
-           "gpu_s_per_update_by_family": {k: v / 1e6 / updates for k, v in by_family.most_common()},
-           "top_kernels_s_per_update": {k[:120]: v / 1e6 / updates for k, v in kernels.most_common(12)}}
+    out = {
+        "wall_s_per_update": wall,
+        "gpu_busy_s_per_update": busy if cuda else None,
+        "gpu_busy_share": busy / wall if cuda else None,
+        "kernels_per_update": count / updates if cuda else None,
+        "gpu_s_per_update_by_family": {k: v / 1e6 / updates for k, v in by_family.most_common()},
+        "top_kernels_s_per_update": {k[:120]: v / 1e6 / updates for k, v in kernels.most_common(12)},
+    }
     if not cuda:
         ops = prof.key_averages()
-        out["top_ops_cpu_s_per_update"] = {o.key: o.self_cpu_time_total / 1e6 / updates
-                                           for o in sorted(ops, key=lambda o: -o.self_cpu_time_total)[:12]}
-    print(f"  wall {wall * 1e3:.1f} ms/update" + (f", GPU busy {busy * 1e3:.1f} ms ({busy / wall:.0%}), "
-                                                  f"{count / updates:.0f} kernels/update" if cuda else ""), flush=True)
+        out["top_ops_cpu_s_per_update"] = {
+            o.key: o.self_cpu_time_total / 1e6 / updates for o in sorted(ops, key=lambda o: -o.self_cpu_time_total)[:12]
+        }
+    print(
+        f"  wall {wall * 1e3:.1f} ms/update"
+        + (f", GPU busy {busy * 1e3:.1f} ms ({busy / wall:.0%}), {count / updates:.0f} kernels/update" if cuda else ""),
+        flush=True,
+    )
     for k, v in list(out["gpu_s_per_update_by_family"].items())[:8]:
         print(f"    {k:>20}: {v * 1e3:6.2f} ms", flush=True)
     return out
@@ -187,10 +210,31 @@ def profile(system: System, start: int, updates: int) -> dict[str, Any]:
 def train_run(name: str, data: str, runs: Path, steps: int, device: str, sets: list[str]) -> dict[str, Any]:
     """``tfm train --config base-gpu`` for ``steps`` updates, validating once at the end; its log's figures."""
     out = runs / name
-    cmd = [sys.executable, "-m", "cli", "train", "--config", "base-gpu", "--data-dir", data, "--quiet",
-           "--overwrite", "--set", f"name={name}", "--set", f"run_dir={runs}", "--set", f"device={device}",
-           "--set", f"train.max_steps={steps}", "--set", f"train.eval_every={steps}",
-           "--set", f"train.save_every={10 * steps}", *[a for s in sets for a in ("--set", s)]]
+    cmd = [
+        sys.executable,
+        "-m",
+        "cli",
+        "train",
+        "--config",
+        "base-gpu",
+        "--data-dir",
+        data,
+        "--quiet",
+        "--overwrite",
+        "--set",
+        f"name={name}",
+        "--set",
+        f"run_dir={runs}",
+        "--set",
+        f"device={device}",
+        "--set",
+        f"train.max_steps={steps}",
+        "--set",
+        f"train.eval_every={steps}",
+        "--set",
+        f"train.save_every={10 * steps}",
+        *[a for s in sets for a in ("--set", s)],
+    ]
     began = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - began
@@ -200,13 +244,22 @@ def train_run(name: str, data: str, runs: Path, steps: int, device: str, sets: l
     trained = [e for e in log if e["kind"] == "train" and e["step"] > 50]
     valid = [e for e in log if e["kind"] == "valid"][-1]
     end = [e for e in log if e["kind"] == "end"][-1]
-    row = {"command": " ".join(["tfm", *cmd[3:]]), "wall_s": wall,
-           "tgt_tok_s_after_update_50": median([e["target_tokens_per_s"] for e in trained]) if trained else None,
-           "tgt_tok_s_by_window": {e["step"]: round(e["target_tokens_per_s"]) for e in log if e["kind"] == "train"},
-           "valid_loss": valid["valid_loss"], "valid_bleu": valid["valid_bleu"], "train_s": end["train_s"],
-           "valid_s": end["valid_s"], "save_s": end["save_s"]}
-    print(f"  {name}: {row['tgt_tok_s_after_update_50'] or 0:,.0f} tgt tok/s after update 50, valid loss "
-          f"{row['valid_loss']:.4f}, BLEU {row['valid_bleu']:.2f}, {wall:.0f} s in all", flush=True)
+    row = {
+        "command": " ".join(["tfm", *cmd[3:]]),
+        "wall_s": wall,
+        "tgt_tok_s_after_update_50": median([e["target_tokens_per_s"] for e in trained]) if trained else None,
+        "tgt_tok_s_by_window": {e["step"]: round(e["target_tokens_per_s"]) for e in log if e["kind"] == "train"},
+        "valid_loss": valid["valid_loss"],
+        "valid_bleu": valid["valid_bleu"],
+        "train_s": end["train_s"],
+        "valid_s": end["valid_s"],
+        "save_s": end["save_s"],
+    }
+    print(
+        f"  {name}: {row['tgt_tok_s_after_update_50'] or 0:,.0f} tgt tok/s after update 50, valid loss "
+        f"{row['valid_loss']:.4f}, BLEU {row['valid_bleu']:.2f}, {wall:.0f} s in all",
+        flush=True,
+    )
     return row
 
 
@@ -218,8 +271,11 @@ def main() -> None:
     p.add_argument("--sections", default="profile,levers,train,compile", help="which measurements, in order")
     p.add_argument("--steps", type=int, default=300, help="updates of each tfm train run")
     p.add_argument("--rounds", type=int, default=24, help="timed updates per system in the levers sections")
-    p.add_argument("--levers", default=",".join(list(SYSTEMS)[1:]),
-                   help="the systems the levers (and compile) sections measure against the default and Marian")
+    p.add_argument(
+        "--levers",
+        default=",".join(list(SYSTEMS)[1:]),
+        help="the systems the levers (and compile) sections measure against the default and Marian",
+    )
     p.add_argument("--profile", default="default,cuda graphs", help="the systems the profile section profiles")
     p.add_argument("--device", default="cuda", help="cuda, or cpu to check the script without a GPU")
     p.add_argument("--quick", action="store_true", help="a tiny model and a few updates (checks that it runs)")
@@ -243,13 +299,19 @@ def main() -> None:
 
     def systems(which: dict[str, dict[str, Any]]) -> dict[str, System]:
         """The systems of ``which`` that run on this device (compile and CUDA graphs only on CUDA)."""
-        runs = {n: t for n, t in which.items() if device.type == "cuda" or not (t.get("cuda_graphs") or t.get("compile"))}
-        return {n: System(replace(base, train=replace(base.train, **t)), tok, data, updates, device)
-                for n, t in runs.items()}
+        runs = {
+            n: t for n, t in which.items() if device.type == "cuda" or not (t.get("cuda_graphs") or t.get("compile"))
+        }
+        return {
+            n: System(replace(base, train=replace(base.train, **t)), tok, data, updates, device)
+            for n, t in runs.items()
+        }
 
     def marian() -> Callable[[int], None]:
-        batches = [w.batches[0][0].to(device) for w in (System(base, tok, data, updates, device).work(r)
-                                                       for r in range(len(updates)))]
+        batches = [
+            w.batches[0][0].to(device)
+            for w in (System(base, tok, data, updates, device).work(r) for r in range(len(updates)))
+        ]
         return train_speed.build("marian", base, tok, batches, resolve_precision(base.precision, device), device)
 
     def levers(names: list[str]) -> dict[str, Any]:
@@ -274,8 +336,10 @@ def main() -> None:
         if device.type != "cuda":
             extra += ["train.cuda_graphs=false", "train.compile=false"]
         out = {}
-        for label, name, sets in (("levers off", "levers-off", off + extra),
-                                  ("levers on (as configs/base-gpu.yaml)", "levers-on", extra)):
+        for label, name, sets in (
+            ("levers off", "levers-off", off + extra),
+            ("levers on (as configs/base-gpu.yaml)", "levers-on", extra),
+        ):
             try:  # one failing run must not lose the other's figures
                 out[label] = train_run(name, args.data, args.runs, steps, args.device, sets)
             except RuntimeError as e:
@@ -284,8 +348,12 @@ def main() -> None:
         return out
 
     chosen = [n for n in args.levers.split(",") if n]
-    sections = {"profile": profiles, "levers": lambda: levers([n for n in chosen if "compile" not in n]),
-                "compile": lambda: levers([n for n in chosen if "compile" in n]), "train": trains}
+    sections = {
+        "profile": profiles,
+        "levers": lambda: levers([n for n in chosen if "compile" not in n]),
+        "compile": lambda: levers([n for n in chosen if "compile" in n]),
+        "train": trains,
+    }
     for name in args.sections.split(","):
         print(f"== {name}", flush=True)
         try:

@@ -31,26 +31,32 @@ from torch import Tensor, nn
 from bench.common import DEFAULT_DATA, ROOT, interleave, median, paired_ratio, shape_config
 from bench.train_speed import bench_batches, model_factory, optimizer, own_processes, tfm_step
 from transformer import checkpoint
-from transformer.text.batching import Batch, source_tensor
 from transformer.config import Config, DataConfig
-from transformer.text.corpus import load_split
-from transformer.model.decoder_state import BufferPool
+from transformer.decoding.search import beam_search, greedy_search
 from transformer.decoding.speed import row_max, row_topk
+from transformer.model.decoder_state import BufferPool
 from transformer.model.speed import Dropout
 from transformer.process import OMP_KEYS, SHARED_CPU
-from transformer.decoding.search import beam_search, greedy_search
+from transformer.text.batching import Batch, source_tensor
+from transformer.text.corpus import load_split
 from transformer.text.tokenizer import Tokenizer
 
 
 def lever_row(lever: str, workload: str, times: dict[str, list[float]], same: bool | None = None) -> dict[str, Any]:
     """One lever's result: median seconds without and with it, and the paired speedup (bench.gpu uses it too)."""
-    row = {"lever": lever, "workload": workload, "without_s": median(times["without"]),
-           "with_s": median(times["with"]), "speedup": paired_ratio(times["without"], times["with"])}
+    row = {
+        "lever": lever,
+        "workload": workload,
+        "without_s": median(times["without"]),
+        "with_s": median(times["with"]),
+        "speedup": paired_ratio(times["without"], times["with"]),
+    }
     return row if same is None else {**row, "same_output": same}
 
 
-def without_with(without: Callable[[int], None], with_: Callable[[int], None], rounds: int,
-                 warmup: int) -> dict[str, list[float]]:
+def without_with(
+    without: Callable[[int], None], with_: Callable[[int], None], rounds: int, warmup: int
+) -> dict[str, list[float]]:
     """Seconds per round of both, alternated, the ``warmup`` first rounds left out (bench.gpu uses it too)."""
     times = interleave({"without": without, "with": with_}, warmup + rounds)
     return {k: v[warmup:] for k, v in times.items()}
@@ -58,10 +64,16 @@ def without_with(without: Callable[[int], None], with_: Callable[[int], None], r
 
 # ----- process-wide: how idle OpenMP threads wait, how many threads decode --------------------------------
 
-PROCESS_SETTINGS = {"libgomp default": {}, "TFM_SHARED_CPU=1": {SHARED_CPU: "1"},
-                    "OMP_WAIT_POLICY=PASSIVE": {"OMP_WAIT_POLICY": "PASSIVE"}}
-WORKLOADS = {"decode_s": "beam 5, batch 32", "single_s": "beam 5, 1 sentence x 8",
-             "train_s": "3 training steps, 1.5k tokens"}
+PROCESS_SETTINGS = {
+    "libgomp default": {},
+    "TFM_SHARED_CPU=1": {SHARED_CPU: "1"},
+    "OMP_WAIT_POLICY=PASSIVE": {"OMP_WAIT_POLICY": "PASSIVE"},
+}
+WORKLOADS = {
+    "decode_s": "beam 5, batch 32",
+    "single_s": "beam 5, 1 sentence x 8",
+    "train_s": "3 training steps, 1.5k tokens",
+}
 HOG = "import torch\na = torch.randn(512, 512)\nwhile True:\n    a @ a\n    torch.randn(64, 256).relu().sum()"
 
 
@@ -75,13 +87,20 @@ def omp_waiting(ckpt: str, data: str, rounds: int, hogs: int = 0) -> list[dict[s
     busy = [subprocess.Popen([sys.executable, "-c", HOG], env=clean) for _ in range(hogs)]
     results: dict[str, list[dict[str, float]]] = {name: [] for name in PROCESS_SETTINGS}
     try:
+
         def worker(name: str) -> Callable[[int], float]:
             def run(_: int) -> float:
-                out = subprocess.run([sys.executable, "-m", "bench.omp_worker", ckpt, data], cwd=ROOT,
-                                     env={**clean, **PROCESS_SETTINGS[name]}, check=True, capture_output=True,
-                                     text=True)
+                out = subprocess.run(
+                    [sys.executable, "-m", "bench.omp_worker", ckpt, data],
+                    cwd=ROOT,
+                    env={**clean, **PROCESS_SETTINGS[name]},
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                )
                 results[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
                 return 0.0
+
             return run
 
         interleave({name: worker(name) for name in PROCESS_SETTINGS}, rounds)
@@ -101,6 +120,7 @@ def omp_waiting(ckpt: str, data: str, rounds: int, hogs: int = 0) -> list[dict[s
 
 # ----- training ---------------------------------------------------------------------------------------------
 
+
 def plain_dropout(model: nn.Module) -> nn.Module:
     """``model`` with torch's nn.Dropout in place of every kernels.Dropout."""
     for module in list(model.modules()):
@@ -117,11 +137,15 @@ def training(cfg: Config, tok: Tokenizer, batches: list[Batch], rounds: int, war
     def step(m: nn.Module, fused_adam: bool | None = None, fused_loss: bool = True) -> Callable[[int], None]:
         return tfm_step(m, optimizer(m, cfg, fused=fused_adam), batches, "fp32", cfg, fused_loss=fused_loss)
 
-    cases = [("fused Adam (CPU)", step(model(), fused_adam=False)),
-             ("generator and loss fused, 128 rows at a time", step(model(), fused_loss=False)),
-             ("CPU dropout, 4 masks per random int64", step(plain_dropout(model())))]
-    return [lever_row(lever, f"{cfg.name} training step, fp32", without_with(without, step(model()), rounds, warmup))
-            for lever, without in cases]
+    cases = [
+        ("fused Adam (CPU)", step(model(), fused_adam=False)),
+        ("generator and loss fused, 128 rows at a time", step(model(), fused_loss=False)),
+        ("CPU dropout, 4 masks per random int64", step(plain_dropout(model()))),
+    ]
+    return [
+        lever_row(lever, f"{cfg.name} training step, fp32", without_with(without, step(model()), rounds, warmup))
+        for lever, without in cases
+    ]
 
 
 def freed_memory(cfg: Config, tok: Tokenizer, batches: list[Batch], rounds: int, warmup: int = 2) -> dict[str, Any]:
@@ -144,17 +168,22 @@ def compiled(cfg: Config, tok: Tokenizer, batches: list[Batch], rounds: int) -> 
     step = tfm_step(eager, optimizer(eager, cfg), batches, "fp32", cfg)
     step(0)
     times = interleave({"without": step, "with": with_step}, rounds)
-    return {**lever_row("torch.compile (not used: config compile is refused)", f"{cfg.name} training step, fp32", times),
-            "first_compiled_step_s": first}
+    return {
+        **lever_row("torch.compile (not used: config compile is refused)", f"{cfg.name} training step, fp32", times),
+        "first_compiled_step_s": first,
+    }
 
 
 # ----- decoding ---------------------------------------------------------------------------------------------
 
+
 def repeated(f: Callable[[Tensor], tuple[Tensor, Tensor]], x: Tensor, calls: int) -> Callable[[int], None]:
     """A round of ``calls`` calls f(x)."""
+
     def run(_: int) -> None:
         for _ in range(calls):
             f(x)
+
     return run
 
 
@@ -175,10 +204,22 @@ def search_kernels(loaded: checkpoint.Loaded, lines: list[str], rounds: int, cal
             steps.append(F.log_softmax(model.decode_step(tokens, state), dim=-1))
             tokens = steps[-1].argmax(-1)
     lprobs = torch.cat(steps)
-    cases = [("top-k by block maxima (kernels.row_topk)", "top 10 of [160, V] log-probs", lprobs[:160],
-              lambda x: x.topk(10, dim=1), lambda x: row_topk(x, 10)),
-             ("argmax by block maxima (kernels.row_max)", "best of [256, V] log-probs", lprobs[:256],
-              lambda x: x.max(dim=1, keepdim=True), row_max)]
+    cases = [
+        (
+            "top-k by block maxima (kernels.row_topk)",
+            "top 10 of [160, V] log-probs",
+            lprobs[:160],
+            lambda x: x.topk(10, dim=1),
+            lambda x: row_topk(x, 10),
+        ),
+        (
+            "argmax by block maxima (kernels.row_max)",
+            "best of [256, V] log-probs",
+            lprobs[:256],
+            lambda x: x.max(dim=1, keepdim=True),
+            row_max,
+        ),
+    ]
     rows = []
     for lever, work, x, without, with_ in cases:
         same = all(torch.equal(a, b) for a, b in zip(without(x), with_(x)))
@@ -189,8 +230,10 @@ def search_kernels(loaded: checkpoint.Loaded, lines: list[str], rounds: int, cal
 
 def recording(f: Callable[[int], Any], outputs: dict[int, Any]) -> Callable[[int], None]:
     """f, keeping the output of round r in ``outputs[r]``."""
+
     def run(r: int) -> None:
         outputs[r] = f(r)
+
     return run
 
 
@@ -201,8 +244,8 @@ def decoding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[d
     unpooled.kv_pool = BufferPool(keep=0)
     ids = tok.encode_batch(lines)
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    sorted_batches = [source_tensor([ids[i] for i in order[k:k + 32]], tok) for k in range(0, len(ids), 32)]
-    chunks = [ids[k:k + 128] for k in range(0, len(ids), 128)][:rounds]  # the sorting lever: 128 lines a round
+    sorted_batches = [source_tensor([ids[i] for i in order[k : k + 32]], tok) for k in range(0, len(ids), 32)]
+    chunks = [ids[k : k + 128] for k in range(0, len(ids), 128)][:rounds]  # the sorting lever: 128 lines a round
     step = max(len(sorted_batches) // rounds, 1)
     picks = list(range(0, len(sorted_batches), step))[:rounds]  # spread over short and long sentences
     s, e = tok.start_id, tok.end_id
@@ -212,19 +255,21 @@ def decoding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[d
 
     def chunk_batches(r: int, sort: bool) -> list[Tensor]:
         chunk = sorted(chunks[r], key=len) if sort else chunks[r]
-        return [source_tensor(chunk[k:k + 32], tok) for k in range(0, len(chunk), 32)]
+        return [source_tensor(chunk[k : k + 32], tok) for k in range(0, len(chunk), 32)]
 
     def by_chunk(sort: bool) -> Callable[[int], list[list[int]]]:
         return lambda r: sorted(h.tokens for b in chunk_batches(r, sort) for h in greedy_search(model, b, s, e))
 
-    cases = [("K/V cache memory reused from batch to batch", "beam 5, batch 32", beam(unpooled), beam(model),
-              len(picks)),
-             ("sort by length before batching", "greedy, batch 32", by_chunk(False), by_chunk(True), len(chunks))]
+    cases = [
+        ("K/V cache memory reused from batch to batch", "beam 5, batch 32", beam(unpooled), beam(model), len(picks)),
+        ("sort by length before batching", "greedy, batch 32", by_chunk(False), by_chunk(True), len(chunks)),
+    ]
     rows = []
     for lever, work, without, with_, count in cases:
         outs: dict[str, dict[int, Any]] = {"without": {}, "with": {}}
-        times = interleave({"without": recording(without, outs["without"]), "with": recording(with_, outs["with"])},
-                           count)
+        times = interleave(
+            {"without": recording(without, outs["without"]), "with": recording(with_, outs["with"])}, count
+        )
         rows.append(lever_row(lever, work, times, outs["without"] == outs["with"]))
     return rows
 
@@ -234,11 +279,13 @@ def measure(loaded: checkpoint.Loaded, data: str, lines: list[str], quick: bool,
     rounds = 4 if quick else 8
     cfg = shape_config("small", data)
     batches = bench_batches(cfg, loaded.tokenizer, 8, cache)
-    return (omp_waiting(str(loaded.path), data, 2 if quick else 4)
-            + training(cfg, loaded.tokenizer, batches, rounds)
-            + [freed_memory(cfg, loaded.tokenizer, batches, 3 * rounds)]
-            + search_kernels(loaded, lines, rounds)
-            + decoding(loaded, lines, rounds))
+    return (
+        omp_waiting(str(loaded.path), data, 2 if quick else 4)
+        + training(cfg, loaded.tokenizer, batches, rounds)
+        + [freed_memory(cfg, loaded.tokenizer, batches, 3 * rounds)]
+        + search_kernels(loaded, lines, rounds)
+        + decoding(loaded, lines, rounds)
+    )
 
 
 def row_line(r: dict[str, Any]) -> str:
@@ -246,8 +293,10 @@ def row_line(r: dict[str, Any]) -> str:
     note = "" if "same_output" not in r else (" same output" if r["same_output"] else " OUTPUT DIFFERS")
     if "first_compiled_step_s" in r:
         note += f", first step {r['first_compiled_step_s']:.0f} s"
-    return (f"{'lever: ' + r['lever']:<60} {r['with_s']:>10.3f} {r['without_s']:>10.3f} {r['speedup']:>6.2f}x "
-            f"{r['workload']}{note}")
+    return (
+        f"{'lever: ' + r['lever']:<60} {r['with_s']:>10.3f} {r['without_s']:>10.3f} {r['speedup']:>6.2f}x "
+        f"{r['workload']}{note}"
+    )
 
 
 def main() -> None:

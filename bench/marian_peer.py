@@ -17,23 +17,41 @@ from transformer.text.tokenizer import Tokenizer
 def build_marian(model: ModelConfig, tokenizer: Tokenizer, max_positions: int = 512) -> MarianMTModel:
     """A randomly initialised MarianMTModel of the same shape as ``model``."""
     cfg = MarianConfig(
-        vocab_size=tokenizer.vocab_size, decoder_vocab_size=tokenizer.vocab_size,
-        d_model=model.d_model, encoder_layers=model.N, decoder_layers=model.N,
-        encoder_attention_heads=model.h, decoder_attention_heads=model.h,
-        encoder_ffn_dim=model.d_ff, decoder_ffn_dim=model.d_ff, activation_function="relu",
-        dropout=model.dropout, attention_dropout=0.0, activation_dropout=0.0,
-        max_position_embeddings=max_positions, scale_embedding=True, static_position_embeddings=True,
-        share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_id, eos_token_id=tokenizer.end_id, bos_token_id=tokenizer.start_id,
-        decoder_start_token_id=tokenizer.start_id, forced_eos_token_id=None,
+        vocab_size=tokenizer.vocab_size,
+        decoder_vocab_size=tokenizer.vocab_size,
+        d_model=model.d_model,
+        encoder_layers=model.N,
+        decoder_layers=model.N,
+        encoder_attention_heads=model.h,
+        decoder_attention_heads=model.h,
+        encoder_ffn_dim=model.d_ff,
+        decoder_ffn_dim=model.d_ff,
+        activation_function="relu",
+        dropout=model.dropout,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        max_position_embeddings=max_positions,
+        scale_embedding=True,
+        static_position_embeddings=True,
+        share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_id,
+        eos_token_id=tokenizer.end_id,
+        bos_token_id=tokenizer.start_id,
+        decoder_start_token_id=tokenizer.start_id,
+        forced_eos_token_id=None,
     )
     return MarianMTModel(cfg)
 
 
 def marian_logits(peer: MarianMTModel, src: torch.Tensor, tgt_in: torch.Tensor, pad_id: int) -> torch.Tensor:
     """Teacher-forced logits [B, T, V], as tfm's ``model(src, tgt_in)``."""
-    out = peer(input_ids=src, attention_mask=(src != pad_id).long(), decoder_input_ids=tgt_in,
-               decoder_attention_mask=(tgt_in != pad_id).long())
+    out = peer(
+        input_ids=src,
+        attention_mask=(src != pad_id).long(),
+        decoder_input_ids=tgt_in,
+        decoder_attention_mask=(tgt_in != pad_id).long(),
+    )
     return out.logits
 
 

@@ -19,14 +19,18 @@ from pathlib import Path
 import torch
 
 from transformer import checkpoint
+from transformer.decoding.search import beam_search
+from transformer.decoding.translator import Translator
 from transformer.text.batching import collate, encode_corpus, make_batches, source_tensor
 from transformer.text.corpus import load_split
 from transformer.training.loss import label_smoothed_nll
-from transformer.decoding.search import beam_search
-from transformer.decoding.translator import Translator
 
-SENTENCES = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "Eine Frau liest ein Buch im Park.",
-             "Kinder spielen Fußball auf einer Wiese."] * 8
+SENTENCES = [
+    "Ein Mann fährt Fahrrad.",
+    "Zwei Hunde spielen im Schnee.",
+    "Eine Frau liest ein Buch im Park.",
+    "Kinder spielen Fußball auf einer Wiese.",
+] * 8
 
 
 def main(ckpt: str, data: str) -> None:

@@ -30,8 +30,8 @@ import numpy as np
 
 from bench.common import DEFAULT_DATA, ROOT, machine, shape_config
 from bench.synthetic_wmt import generate
-from transformer.text.batching import EncodedCorpus, encode_corpus, make_batches, padded_sizes, padding_fraction
 from transformer.config import Config, load
+from transformer.text.batching import EncodedCorpus, encode_corpus, make_batches, padded_sizes, padding_fraction
 from transformer.text.corpus import load_split
 from transformer.text.tokenizer import train_tokenizer
 
@@ -52,10 +52,14 @@ def measure(data: EncodedCorpus, batch_tokens: int, pad_multiple: int) -> dict[s
     batches = make_batches(data, batch_tokens, SEED, EPOCH, pad_multiple=pad_multiple)
     src, tgt = padded_sizes(data, pad_multiple)
     shapes = Counter((int(src[b].max()), int(tgt[b].max())) for b in map(np.asarray, batches))
-    return {"batches": len(batches),
-            "padding": round(padding_fraction(data, batches, pad_multiple), 4),
-            "static_padding": round(padding_fraction(data, batches, pad_multiple, static_tokens=batch_tokens), 4),
-            "shapes": len(shapes), "shapes_90": shapes_covering(shapes, 0.9), "shapes_99": shapes_covering(shapes, 0.99)}
+    return {
+        "batches": len(batches),
+        "padding": round(padding_fraction(data, batches, pad_multiple), 4),
+        "static_padding": round(padding_fraction(data, batches, pad_multiple, static_tokens=batch_tokens), 4),
+        "shapes": len(shapes),
+        "shapes_90": shapes_covering(shapes, 0.9),
+        "shapes_99": shapes_covering(shapes, 0.99),
+    }
 
 
 def encoded(cfg: Config, cache: Path) -> EncodedCorpus:
@@ -72,15 +76,26 @@ def corpora(data: str, wmt: Path | None, pairs: int, sample: int, out: Path) -> 
             generate(wmt, pairs, SEED)
     os.environ.update({"HF_HOME": str(out / "hf"), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})
     wmt_cfg = load(ROOT / "configs" / "wmt14-base.yaml", [f"data.path={wmt}", f"tokenizer.train_sample={sample}"])
-    return {"multi30k-de-en": encoded(shape_config("base-gpu", data), out / "cache"),
-            "synthetic-wmt": encoded(wmt_cfg, out / "cache")}
+    return {
+        "multi30k-de-en": encoded(shape_config("base-gpu", data), out / "cache"),
+        "synthetic-wmt": encoded(wmt_cfg, out / "cache"),
+    }
 
 
 def run(data: dict[str, EncodedCorpus]) -> list[dict[str, object]]:
     """A row of figures per corpus, batch size and pad_multiple."""
-    return [{"corpus": name, "pairs": len(corpus), "batch_tokens": tokens, "pad_multiple": multiple,
-             **measure(corpus, tokens, multiple)}
-            for name, corpus in data.items() for tokens in BATCH_TOKENS for multiple in PAD_MULTIPLES]
+    return [
+        {
+            "corpus": name,
+            "pairs": len(corpus),
+            "batch_tokens": tokens,
+            "pad_multiple": multiple,
+            **measure(corpus, tokens, multiple),
+        }
+        for name, corpus in data.items()
+        for tokens in BATCH_TOKENS
+        for multiple in PAD_MULTIPLES
+    ]
 
 
 def table(rows: list[dict[str, object]]) -> str:
@@ -104,8 +119,12 @@ def main() -> None:
         out = (args.out or Path(scratch)).resolve()
         rows = run(corpora(args.data, args.wmt, args.wmt_pairs, args.wmt_sample, out))
     print(table(rows))
-    summary = {"date": date.today().isoformat(), "machine": machine(),
-               "command": " ".join(["python", "-m", "bench.padding", *sys.argv[1:]]), "figures": rows}
+    summary = {
+        "date": date.today().isoformat(),
+        "machine": machine(),
+        "command": " ".join(["python", "-m", "bench.padding", *sys.argv[1:]]),
+        "figures": rows,
+    }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
 

@@ -34,8 +34,9 @@ def _tfm(args: list[str], log: Path, threads: int) -> subprocess.Popen:
     """``tfm <args>`` in a process of its own (output to ``log``), from the repository root."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
     with open(log, "w") as out:
-        return subprocess.Popen([sys.executable, "-m", "cli", *args], stdout=out, stderr=subprocess.STDOUT,
-                                cwd=ROOT, env=env)
+        return subprocess.Popen(
+            [sys.executable, "-m", "cli", *args], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env
+        )
 
 
 def _wait(procs: dict[str, subprocess.Popen]) -> dict[str, int]:
@@ -48,13 +49,17 @@ def _log(run: Path) -> dict:
     valid = [e for e in entries if e.get("kind") == "valid"]
     end = next((e for e in entries if e.get("kind") == "end"), {})
     trained = [e["target_tokens_per_s"] for e in entries if e.get("kind") == "train"][-5:]
-    return {"updates": valid[-1]["step"] if valid else 0, "stopped_by": end.get("reason"),
-            "minutes": round(end.get("seconds", 0) / 60, 1),
-            "minutes_training_validation_checkpoints": [round(end.get(k, 0) / 60, 1)
-                                                        for k in ("train_s", "valid_s", "save_s")],
-            "target_tokens_per_s": round(sum(trained) / len(trained)) if trained else None,
-            "greedy_val_bleu": {e["step"]: e["valid_bleu"] for e in valid},
-            "valid_nll_lowest": min((round(e["valid_nll"], 3), e["step"]) for e in valid) if valid else None}
+    return {
+        "updates": valid[-1]["step"] if valid else 0,
+        "stopped_by": end.get("reason"),
+        "minutes": round(end.get("seconds", 0) / 60, 1),
+        "minutes_training_validation_checkpoints": [
+            round(end.get(k, 0) / 60, 1) for k in ("train_s", "valid_s", "save_s")
+        ],
+        "target_tokens_per_s": round(sum(trained) / len(trained)) if trained else None,
+        "greedy_val_bleu": {e["step"]: e["valid_bleu"] for e in valid},
+        "valid_nll_lowest": min((round(e["valid_nll"], 3), e["step"]) for e in valid) if valid else None,
+    }
 
 
 def _score(folder: Path) -> dict | None:
@@ -66,32 +71,84 @@ def _score(folder: Path) -> dict | None:
     return {"bleu": result["bleu"], "chrf": result["chrf"], "beam": result["beam"], "alpha": result["alpha"]}
 
 
-def _evaluate(runs: Path, pairs: list[tuple[str, str]], split: str, data: str, device: str,
-              threads: int) -> dict[tuple[str, str], dict | None]:
+def _evaluate(
+    runs: Path, pairs: list[tuple[str, str]], split: str, data: str, device: str, threads: int
+) -> dict[tuple[str, str], dict | None]:
     """Score each (run, checkpoint) on ``split`` ("valid" or "test": the run's config names them), all at once."""
     procs = {}
     for name, ck in pairs:
         which = ["--split", read_config(runs / name / ck).data.valid_split] if split == "valid" else []
-        procs[(name, ck)] = _tfm(["eval", "--checkpoint", str(runs / name / ck), *which, "--data-dir", data,
-                                  "--device", device, "--output-dir", str(runs / name / f"eval-{ck}-{split}")],
-                                 runs / f"{name}.{ck}.{split}.txt", threads)
+        procs[(name, ck)] = _tfm(
+            [
+                "eval",
+                "--checkpoint",
+                str(runs / name / ck),
+                *which,
+                "--data-dir",
+                data,
+                "--device",
+                device,
+                "--output-dir",
+                str(runs / name / f"eval-{ck}-{split}"),
+            ],
+            runs / f"{name}.{ck}.{split}.txt",
+            threads,
+        )
     _wait(procs)
     return {pair: _score(runs / pair[0] / f"eval-{pair[1]}-{split}") for pair in pairs}
 
 
-def search(config: str, named: dict[str, list[str]], data: str, runs: Path, device: str, minutes: float,
-           threads: int, common: list[str], test: bool) -> dict:
+def search(
+    config: str,
+    named: dict[str, list[str]],
+    data: str,
+    runs: Path,
+    device: str,
+    minutes: float,
+    threads: int,
+    common: list[str],
+    test: bool,
+) -> dict:
     """Train every variant (name: its overrides) side by side, score each on val, the best one on test if ``test``."""
     runs.mkdir(parents=True, exist_ok=True)
-    train = {name: _tfm(["train", "--config", config, "--data-dir", data, "--quiet", "--overwrite",
-                         *[a for s in [f"name={name}", f"run_dir={runs}", f"device={device}",
-                                       f"train.max_minutes={minutes}", *common, *sets] for a in ("--set", s)]],
-                        runs / f"{name}.train.txt", threads)
-             for name, sets in named.items()}
+    train = {
+        name: _tfm(
+            [
+                "train",
+                "--config",
+                config,
+                "--data-dir",
+                data,
+                "--quiet",
+                "--overwrite",
+                *[
+                    a
+                    for s in [
+                        f"name={name}",
+                        f"run_dir={runs}",
+                        f"device={device}",
+                        f"train.max_minutes={minutes}",
+                        *common,
+                        *sets,
+                    ]
+                    for a in ("--set", s)
+                ],
+            ],
+            runs / f"{name}.train.txt",
+            threads,
+        )
+        for name, sets in named.items()
+    }
     exit_codes = _wait(train)
     trained = [n for n in named if exit_codes[n] == 0]
-    averaged = {n: _tfm(["average", str(runs / n), "--last", str(AVERAGED), "--output", str(runs / n / AVG),
-                         "--overwrite"], runs / f"{n}.average.txt", threads) for n in trained}
+    averaged = {
+        n: _tfm(
+            ["average", str(runs / n), "--last", str(AVERAGED), "--output", str(runs / n / AVG), "--overwrite"],
+            runs / f"{n}.average.txt",
+            threads,
+        )
+        for n in trained
+    }
     averaged = _wait(averaged)
     pairs = [(n, "best") for n in trained] + [(n, AVG) for n in trained if averaged[n] == 0]
     val = _evaluate(runs, pairs, "valid", data, device, threads)
@@ -121,17 +178,26 @@ def _table(result: dict) -> str:
         rows.append(f"{name:20} {r['updates']:7}  {r['minutes']:7}  {bleu[0]:>9}  {bleu[1]:>8}")
     chosen = result.get("chosen_on_val")
     if chosen:
-        rows.append(f"chosen on val: {chosen['run']}/{chosen['checkpoint']}"
-                    + (f"; test BLEU {chosen['test']['bleu']:.2f}, chrF {chosen['test']['chrf']:.2f}"
-                       if chosen.get("test") else ""))
+        rows.append(
+            f"chosen on val: {chosen['run']}/{chosen['checkpoint']}"
+            + (
+                f"; test BLEU {chosen['test']['bleu']:.2f}, chrF {chosen['test']['chrf']:.2f}"
+                if chosen.get("test")
+                else ""
+            )
+        )
     return "\n".join(rows)
 
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", required=True, help="a shipped config's name or a YAML path")
-    p.add_argument("--variant", action="append", required=True,
-                   help="'name key=value ...': a run with these --set overrides (repeatable)")
+    p.add_argument(
+        "--variant",
+        action="append",
+        required=True,
+        help="'name key=value ...': a run with these --set overrides (repeatable)",
+    )
     p.add_argument("--set", action="append", default=[], dest="common", help="an override for every variant")
     p.add_argument("--data", default=DEFAULT_DATA, help="corpus folder (--data-dir of each run)")
     p.add_argument("--runs", type=Path, default=ROOT / "runs" / "recipe_search", help="where the runs go")
@@ -144,11 +210,15 @@ def main(argv: list[str] | None = None) -> dict:
     named = {v.split()[0]: v.split()[1:] for v in args.variant if v.split()}
     if len(named) != len(args.variant):
         p.error("each --variant needs a name of its own")
-    result = search(args.config, named, args.data, args.runs, args.device, args.minutes, args.threads,
-                    args.common, args.test)
-    result = {"date": date.today().isoformat(), "machine": machine(),
-              "command": "python -m bench.recipe_search " + " ".join(sys.argv[1:] if argv is None else argv),
-              **result}
+    result = search(
+        args.config, named, args.data, args.runs, args.device, args.minutes, args.threads, args.common, args.test
+    )
+    result = {
+        "date": date.today().isoformat(),
+        "machine": machine(),
+        "command": "python -m bench.recipe_search " + " ".join(sys.argv[1:] if argv is None else argv),
+        **result,
+    }
     print(_table(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")

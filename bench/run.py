@@ -39,15 +39,29 @@ from transformer.text.corpus import load_split
 from transformer.text.tokenizer import Tokenizer, train_tokenizer
 
 MODEL_SECTIONS = {"decode", "startup", "memory", "levers", "contended"}
-TARGETS = {"train_vs_marian": 1.3, "bf16_vs_fp32": 1.5, "decode_vs_generate": 2.0, "ct2_vs_tfm": 1.5,
-           "bleu_gap": 0.2, "help_s": 1.0, "translate_s": 3.0, "rss_growth": 1.1}
+TARGETS = {
+    "train_vs_marian": 1.3,
+    "bf16_vs_fp32": 1.5,
+    "decode_vs_generate": 2.0,
+    "ct2_vs_tfm": 1.5,
+    "bleu_gap": 0.2,
+    "help_s": 1.0,
+    "translate_s": 3.0,
+    "rss_growth": 1.1,
+}
 
 
 def train_checkpoint(data: str, runs: Path, minutes: float) -> Path:
     """Train configs/small.yaml on Multi30k for ``minutes`` (validation only at the end); return its best."""
     name = "bench-small"
-    sets = [f"data.path={data}", f"run_dir={runs}", f"name={name}", f"train.max_minutes={minutes}",
-            "train.eval_every=1000000000", "train.save_every=1000000000"]
+    sets = [
+        f"data.path={data}",
+        f"run_dir={runs}",
+        f"name={name}",
+        f"train.max_minutes={minutes}",
+        "train.eval_every=1000000000",
+        "train.save_every=1000000000",
+    ]
     args = [*startup.tfm_command(), "train", "--config", str(ROOT / "configs" / "small.yaml"), "--overwrite", "--quiet"]
     print(f"training a small model for {minutes:g} min: {' '.join(args)} --set {' --set '.join(sets)}", flush=True)
     subprocess.run([*args, *[x for s in sets for x in ("--set", s)]], cwd=ROOT, check=True)
@@ -70,12 +84,19 @@ def run_train(args: argparse.Namespace, tok, peaks: dict[str, float]) -> list[di
             dtype = torch.float32 if precision == "fp32" else torch.bfloat16
             peaks[precision] = max(peaks.get(precision, 0.0), matmul_peak(dtype))  # the best seen in the run
             out = train_speed.measure(cfg, tok, batches, precision, rounds, 2, apart=not args.same_process)
-            row = {"shape": shape, "precision": precision, "processes": "one" if args.same_process else "own",
-                   "ratio_vs_marian": out["ratio"],
-                   **{f"{name}_{k}": v for name in ("tfm", "marian") for k, v in vars(out[name]).items()}}
+            row = {
+                "shape": shape,
+                "precision": precision,
+                "processes": "one" if args.same_process else "own",
+                "ratio_vs_marian": out["ratio"],
+                **{f"{name}_{k}": v for name in ("tfm", "marian") for k, v in vars(out[name]).items()},
+            }
             rows.append(row)
-            print(f"train {shape} {precision}: tfm {row['tfm_tgt_tok_s']:,.0f} tgt tok/s, Marian "
-                  f"{row['marian_tgt_tok_s']:,.0f}, ratio {row['ratio_vs_marian']:.2f}", flush=True)
+            print(
+                f"train {shape} {precision}: tfm {row['tfm_tgt_tok_s']:,.0f} tgt tok/s, Marian "
+                f"{row['marian_tgt_tok_s']:,.0f}, ratio {row['ratio_vs_marian']:.2f}",
+                flush=True,
+            )
     for r in rows:
         peak = max(peaks[r["precision"]], matmul_peak(torch.float32 if r["precision"] == "fp32" else torch.bfloat16))
         peaks[r["precision"]] = peak
@@ -95,11 +116,22 @@ def run_decode(args: argparse.Namespace, loaded, lines: list[str], refs: list[st
         for batch in (32, 1):
             per_round = 1 if batch == 32 else 4
             rounds = (6 if args.quick else 40) if batch == 32 else (4 if args.quick else 25)
-            out = decode_speed.measure(systems, lines, refs, loaded.tokenizer, loaded.cfg.data.tgt_lang,
-                                       decode_speed.Setting(beam, batch), rounds, per_round)
+            out = decode_speed.measure(
+                systems,
+                lines,
+                refs,
+                loaded.tokenizer,
+                loaded.cfg.data.tgt_lang,
+                decode_speed.Setting(beam, batch),
+                rounds,
+                per_round,
+            )
             rows.append({"beam": beam, "batch": batch, **out})
-            print(f"decode beam {beam} batch {batch}: " + ", ".join(
-                f"{k} {v['sentences_per_s']:.1f} sent/s BLEU {v['bleu']:.2f}" for k, v in out.items()), flush=True)
+            print(
+                f"decode beam {beam} batch {batch}: "
+                + ", ".join(f"{k} {v['sentences_per_s']:.1f} sent/s BLEU {v['bleu']:.2f}" for k, v in out.items()),
+                flush=True,
+            )
     same = decode_speed.agreement(loaded, lines, refs, str(args.runs))
     rows.append({"agreement_alpha0": same})
     print(f"beam 5 without length normalisation: {same}", flush=True)
@@ -134,28 +166,41 @@ def table(result: dict[str, Any]) -> str:
     add(f"{'measurement':<60} {'tfm':>10} {'peer':>10} {'ratio':>7} {'target':>8} {'met':>4}")
     for r in result.get("train", []):
         name = f"train {r['shape']} {r['precision']} tgt tok/s vs Marian"
-        add(f"{name:<60} {r['tfm_tgt_tok_s']:>10,.0f} {r['marian_tgt_tok_s']:>10,.0f} {r['ratio_vs_marian']:>6.2f}x "
-            f"{'>=' + str(t['train_vs_marian']):>8} {_met(r['ratio_vs_marian'] >= t['train_vs_marian']):>4}")
-        add(f"{'  src+tgt tok/s; MFU':<60} {r['tfm_all_tok_s']:>10,.0f} {r['marian_all_tok_s']:>10,.0f} "
-            f"MFU {r['tfm_mfu']:.0%} vs {r['marian_mfu']:.0%}")
+        add(
+            f"{name:<60} {r['tfm_tgt_tok_s']:>10,.0f} {r['marian_tgt_tok_s']:>10,.0f} {r['ratio_vs_marian']:>6.2f}x "
+            f"{'>=' + str(t['train_vs_marian']):>8} {_met(r['ratio_vs_marian'] >= t['train_vs_marian']):>4}"
+        )
+        add(
+            f"{'  src+tgt tok/s; MFU':<60} {r['tfm_all_tok_s']:>10,.0f} {r['marian_all_tok_s']:>10,.0f} "
+            f"MFU {r['tfm_mfu']:.0%} vs {r['marian_mfu']:.0%}"
+        )
         if "bf16_vs_fp32" in r:
             # The target holds where the processor supports bf16: here, where its bf16 matmuls beat its fp32 ones.
             peaks = result.get("peaks_gflops", {})
             fast = peaks.get("bf16", 0.0) > peaks.get("fp32", 0.0)
-            add(f"{'  tfm bf16 vs tfm fp32':<60} {'':>10} {'':>10} {r['bf16_vs_fp32']:>6.2f}x "
-                f"{'>=' + str(t['bf16_vs_fp32']):>8} {_met(r['bf16_vs_fp32'] >= t['bf16_vs_fp32']) if fast else 'n/a':>4}")
+            add(
+                f"{'  tfm bf16 vs tfm fp32':<60} {'':>10} {'':>10} {r['bf16_vs_fp32']:>6.2f}x "
+                f"{'>=' + str(t['bf16_vs_fp32']):>8} "
+                f"{_met(r['bf16_vs_fp32'] >= t['bf16_vs_fp32']) if fast else 'n/a':>4}"
+            )
             if not fast:
-                add(f"{'    n/a: this processor computes bf16 no faster than fp32':<60} matmul peaks bf16 "
-                    f"{peaks.get('bf16', 0):,.0f} vs fp32 {peaks.get('fp32', 0):,.0f} GFLOP/s")
+                add(
+                    f"{'    n/a: this processor computes bf16 no faster than fp32':<60} matmul peaks bf16 "
+                    f"{peaks.get('bf16', 0):,.0f} vs fp32 {peaks.get('fp32', 0):,.0f} GFLOP/s"
+                )
     for r in result.get("decode", []):
         if "agreement_alpha0" in r:
             a = r["agreement_alpha0"]
             gap = abs(a["tfm"]["bleu"] - a["ctranslate2"]["bleu"])
-            add(f"{'same translation? beam 5, no length norm., BLEU':<60} {a['tfm']['bleu']:>10.2f} "
+            add(
+                f"{'same translation? beam 5, no length norm., BLEU':<60} {a['tfm']['bleu']:>10.2f} "
                 f"{a['transformers']['bleu']:>10.2f} {a['ctranslate2']['bleu']:>7.2f} ct2 gap {gap:.2f} "
-                f"{'(<=0.2 ' + _met(gap <= t['bleu_gap']) + ')'}")
-            add(f"{'  outputs identical to tfm: transformers, ctranslate2':<60} {'':>10} "
-                f"{a['transformers']['identical_to_tfm']:>10.1%} {a['ctranslate2']['identical_to_tfm']:>7.1%}")
+                f"{'(<=0.2 ' + _met(gap <= t['bleu_gap']) + ')'}"
+            )
+            add(
+                f"{'  outputs identical to tfm: transformers, ctranslate2':<60} {'':>10} "
+                f"{a['transformers']['identical_to_tfm']:>10.1%} {a['ctranslate2']['identical_to_tfm']:>7.1%}"
+            )
             continue
         search = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
         ours = r["tfm"]
@@ -168,27 +213,43 @@ def table(result: dict[str, Any]) -> str:
                 tgt = f">={target}" if target else ""
             else:
                 ok, tgt = p["tfm_speedup"] >= 1 / t["ct2_vs_tfm"], f">={1 / t['ct2_vs_tfm']:.2f}"
-            add(f"{name:<60} {ours['sentences_per_s']:>10.1f} {p['sentences_per_s']:>10.1f} {p['tfm_speedup']:>6.2f}x "
-                f"{tgt:>8} {'' if ok is None else _met(ok):>4}")
-        add(f"{'  median of per-round ratios vs transformers / ctranslate2':<60} {'':>10} "
-            f"{r['transformers']['tfm_speedup_median_round']:>9.2f}x {r['ctranslate2']['tfm_speedup_median_round']:>6.2f}x")
-        add(f"{'  BLEU tfm / transformers / ctranslate2':<60} {ours['bleu']:>10.2f} {r['transformers']['bleu']:>10.2f} "
-            f"{r['ctranslate2']['bleu']:>7.2f}")
-        add(f"{'  target tok/s tfm / transformers / ctranslate2':<60} {ours['tokens_per_s']:>10,.0f} "
-            f"{r['transformers']['tokens_per_s']:>10,.0f} {r['ctranslate2']['tokens_per_s']:>7,.0f}")
+            add(
+                f"{name:<60} {ours['sentences_per_s']:>10.1f} {p['sentences_per_s']:>10.1f} {p['tfm_speedup']:>6.2f}x "
+                f"{tgt:>8} {'' if ok is None else _met(ok):>4}"
+            )
+        add(
+            f"{'  median of per-round ratios vs transformers / ctranslate2':<60} {'':>10} "
+            f"{r['transformers']['tfm_speedup_median_round']:>9.2f}x "
+            f"{r['ctranslate2']['tfm_speedup_median_round']:>6.2f}x"
+        )
+        add(
+            f"{'  BLEU tfm / transformers / ctranslate2':<60} {ours['bleu']:>10.2f} {r['transformers']['bleu']:>10.2f} "
+            f"{r['ctranslate2']['bleu']:>7.2f}"
+        )
+        add(
+            f"{'  target tok/s tfm / transformers / ctranslate2':<60} {ours['tokens_per_s']:>10,.0f} "
+            f"{r['transformers']['tokens_per_s']:>10,.0f} {r['ctranslate2']['tokens_per_s']:>7,.0f}"
+        )
     s = result.get("startup_memory", {})
     if "help" in s:
-        add(f"{'tfm --help wall s (CPU s); imports torch: ' + str(s['help_imports_torch']):<60} "
+        add(
+            f"{'tfm --help wall s (CPU s); imports torch: ' + str(s['help_imports_torch']):<60} "
             f"{s['help']['wall_s']:>10.2f} {s['help']['cpu_s']:>10.2f} {'':>7} {'<1 s':>8} "
-            f"{_met(s['help']['wall_s'] < t['help_s']):>4}")
+            f"{_met(s['help']['wall_s'] < t['help_s']):>4}"
+        )
         label = 'tfm translate "..." wall s (CPU s)'
-        add(f"{label:<60} {s['translate']['wall_s']:>10.2f} "
-            f"{s['translate']['cpu_s']:>10.2f} {'':>7} {'<3 s':>8} {_met(s['translate']['wall_s'] < t['translate_s']):>4}")
+        add(
+            f"{label:<60} {s['translate']['wall_s']:>10.2f} "
+            f"{s['translate']['cpu_s']:>10.2f} {'':>7} {'<3 s':>8} "
+            f"{_met(s['translate']['wall_s'] < t['translate_s']):>4}"
+        )
     big = [k for k in s if k.startswith("rss_") and k != "rss_1000"]
     if "rss_1000" in s and big:
         small, large = s["rss_1000"]["peak_rss_mb"], s[big[0]]["peak_rss_mb"]
-        add(f"{'peak RSS MB, 1,000 vs ' + big[0][4:] + ' lines (growth)':<60} {small:>10.0f} {large:>10.0f} "
-            f"{large / small:>6.2f}x {'<=' + str(t['rss_growth']):>8} {_met(large / small <= t['rss_growth']):>4}")
+        add(
+            f"{'peak RSS MB, 1,000 vs ' + big[0][4:] + ' lines (growth)':<60} {small:>10.0f} {large:>10.0f} "
+            f"{large / small:>6.2f}x {'<=' + str(t['rss_growth']):>8} {_met(large / small <= t['rss_growth']):>4}"
+        )
     for r in result.get("levers", []):
         add(levers.row_line(r))
     return "\n".join(lines)
@@ -198,14 +259,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds, small shape only")
     parser.add_argument("--checkpoint", type=Path, help="a trained small checkpoint for decoding")
-    parser.add_argument("--train-minutes", type=float, default=None,
-                        help="when no --checkpoint is given (default 20, or 3 with --quick)")
+    parser.add_argument(
+        "--train-minutes",
+        type=float,
+        default=None,
+        help="when no --checkpoint is given (default 20, or 3 with --quick)",
+    )
     parser.add_argument("--data", default=DEFAULT_DATA, help="Multi30k folder")
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "bench", help="scratch folder")
     parser.add_argument("--json", type=Path, help="where to write the results (default: <runs>/results.json)")
     parser.add_argument("--sections", default="train,decode,startup,memory,levers,contended")
-    parser.add_argument("--same-process", action="store_true",
-                        help="train section: tfm and Marian in this one process, not each in its own")
+    parser.add_argument(
+        "--same-process",
+        action="store_true",
+        help="train section: tfm and Marian in this one process, not each in its own",
+    )
     args = parser.parse_args()
     sections = set(args.sections.split(","))
     args.runs.mkdir(parents=True, exist_ok=True)
@@ -218,9 +286,14 @@ def main() -> None:
     tok = loaded.tokenizer if loaded else small_tokenizer(args.data)
     test = load_split(DataConfig(format="multi30k", path=args.data), "test_2016_flickr")
     lines, refs = list(test.src), list(test.tgt)
-    result: dict[str, Any] = {"command": " ".join(sys.argv), "machine": machine(), "targets": TARGETS,
-                              "checkpoint": str(ckpt) if ckpt else None,
-                              "checkpoint_step": loaded.meta.get("step") if loaded else None, "peaks_gflops": {}}
+    result: dict[str, Any] = {
+        "command": " ".join(sys.argv),
+        "machine": machine(),
+        "targets": TARGETS,
+        "checkpoint": str(ckpt) if ckpt else None,
+        "checkpoint_step": loaded.meta.get("step") if loaded else None,
+        "peaks_gflops": {},
+    }
     if "train" in sections:
         result["train"] = run_train(args, tok, result["peaks_gflops"])
     if "decode" in sections:

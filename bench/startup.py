@@ -47,8 +47,10 @@ def help_seconds(repeats: int) -> dict[str, float]:
 
 def help_imports_torch() -> bool:
     """Whether importing the CLI and building its help pulls in torch."""
-    code = "import sys; from typer.testing import CliRunner; from cli.main import app; " \
-           "CliRunner().invoke(app, ['--help']); print(int('torch' in sys.modules))"
+    code = (
+        "import sys; from typer.testing import CliRunner; from cli.main import app; "
+        "CliRunner().invoke(app, ['--help']); print(int('torch' in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True, text=True)
     return out.stdout.strip() == "1"
 
@@ -76,8 +78,19 @@ def _memory_mb(pid: int) -> tuple[float, float] | None:
 
 def translate_memory(checkpoint: Path, lines: Path, extra: list[str], every: float = 0.25) -> dict[str, float]:
     """Peak RSS (MB) of ``tfm translate --input lines``; RSS samples compared between the run's two halves."""
-    args = [*tfm_command(), "translate", "--input", str(lines), "--output", os.devnull, "--checkpoint",
-            str(checkpoint), "--device", "cpu", *extra]
+    args = [
+        *tfm_command(),
+        "translate",
+        "--input",
+        str(lines),
+        "--output",
+        os.devnull,
+        "--checkpoint",
+        str(checkpoint),
+        "--device",
+        "cpu",
+        *extra,
+    ]
     start = time.perf_counter()
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     samples: list[float] = []
@@ -94,6 +107,9 @@ def translate_memory(checkpoint: Path, lines: Path, extra: list[str], every: flo
     if proc.returncode:
         raise RuntimeError(f"{' '.join(args)} exited with {proc.returncode}")
     half = max(len(samples) // 2, 1)
-    return {"seconds": time.perf_counter() - start, "peak_rss_mb": peak,
-            "rss_first_half_max_mb": max(samples[:half], default=0.0),
-            "rss_second_half_max_mb": max(samples[half:], default=0.0)}
+    return {
+        "seconds": time.perf_counter() - start,
+        "peak_rss_mb": peak,
+        "rss_first_half_max_mb": max(samples[:half], default=0.0),
+        "rss_second_half_max_mb": max(samples[half:], default=0.0),
+    }

@@ -22,14 +22,63 @@ ZIPF_S, ZIPF_Q = 1.1, 2.7  # Zipf-Mandelbrot: p(rank r) ~ 1 / (r + q)^s
 MEAN_WORDS, LENGTH_SIGMA, MAX_WORDS = 25.0, 0.6, 250
 TARGET_RATIO, RATIO_SIGMA = 1.1, 0.15
 SYLLABLES = {  # onsets, nuclei, codas; words are 1-6 syllables, frequent words shorter
-    "en": (["", "b", "c", "d", "f", "g", "h", "l", "m", "n", "p", "r", "s", "t", "w", "th", "sh", "st", "tr", "br",
-            "pl", "gr"],
-           ["a", "e", "i", "o", "u", "ea", "oo", "ou", "ai", "y"],
-           ["", "", "", "n", "r", "s", "t", "d", "l", "ng", "st", "ck", "nd", "m"]),
-    "de": (["", "b", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "w", "z", "sch", "st", "sp", "pf",
-            "kr", "gr", "br"],
-           ["a", "e", "i", "o", "u", "ei", "au", "ie", "eu", "ä", "ö", "ü"],
-           ["", "", "n", "r", "s", "t", "ch", "ng", "nd", "rt", "tz", "ck", "ß", "st", "m"]),
+    "en": (
+        [
+            "",
+            "b",
+            "c",
+            "d",
+            "f",
+            "g",
+            "h",
+            "l",
+            "m",
+            "n",
+            "p",
+            "r",
+            "s",
+            "t",
+            "w",
+            "th",
+            "sh",
+            "st",
+            "tr",
+            "br",
+            "pl",
+            "gr",
+        ],
+        ["a", "e", "i", "o", "u", "ea", "oo", "ou", "ai", "y"],
+        ["", "", "", "n", "r", "s", "t", "d", "l", "ng", "st", "ck", "nd", "m"],
+    ),
+    "de": (
+        [
+            "",
+            "b",
+            "d",
+            "f",
+            "g",
+            "h",
+            "k",
+            "l",
+            "m",
+            "n",
+            "p",
+            "r",
+            "s",
+            "t",
+            "w",
+            "z",
+            "sch",
+            "st",
+            "sp",
+            "pf",
+            "kr",
+            "gr",
+            "br",
+        ],
+        ["a", "e", "i", "o", "u", "ei", "au", "ie", "eu", "ä", "ö", "ü"],
+        ["", "", "n", "r", "s", "t", "ch", "ng", "nd", "rt", "tz", "ck", "ß", "st", "m"],
+    ),
 }
 SYLLABLES_PER_DECADE = 0.17  # a word of rank r has 1 + Poisson(0.17 log10(r + 1) + extra) syllables
 EXTRA_SYLLABLES = {"en": 0.0, "de": 0.25}  # German words run longer
@@ -81,8 +130,9 @@ def _sentences(vocab: pa.Array, ranks: np.ndarray, lengths: np.ndarray) -> pa.Ar
     return pc.binary_join_element_wise(_join(vocab.take(pa.array(ranks)), lengths, " "), ".", "")
 
 
-def make_pairs(n: int, rng: np.random.Generator, vocab: dict[str, pa.Array], cdf: np.ndarray,
-               mapping: np.ndarray) -> pa.StructArray:
+def make_pairs(
+    n: int, rng: np.random.Generator, vocab: dict[str, pa.Array], cdf: np.ndarray, mapping: np.ndarray
+) -> pa.StructArray:
     """``n`` pairs {de, en}: the German side translates the English word by word through ``mapping``
     while both run, then goes on (or stops) with words of its own."""
     src_len, tgt_len = sentence_lengths(n, rng)
@@ -93,14 +143,16 @@ def make_pairs(n: int, rng: np.random.Generator, vocab: dict[str, pa.Array], cdf
     aligned = position < src_len[sentence]
     tgt[aligned] = mapping[src[_starts(src_len)[sentence[aligned]] + position[aligned]]]
     return pa.StructArray.from_arrays(
-        [_sentences(vocab["de"], tgt, tgt_len), _sentences(vocab["en"], src, src_len)], names=["de", "en"])
+        [_sentences(vocab["de"], tgt, tgt_len), _sentences(vocab["en"], src, src_len)], names=["de", "en"]
+    )
 
 
 def _files(split: str, pairs: int) -> list[tuple[str, int]]:
     """(parquet name, pairs in it) of a split, in the hub's ``split-0000i-of-0000n`` naming."""
     shards = max(1, -(-pairs // SHARD_PAIRS))
-    return [(f"{split}-{i:05d}-of-{shards:05d}.parquet", min(SHARD_PAIRS, pairs - i * SHARD_PAIRS))
-            for i in range(shards)]
+    return [
+        (f"{split}-{i:05d}-of-{shards:05d}.parquet", min(SHARD_PAIRS, pairs - i * SHARD_PAIRS)) for i in range(shards)
+    ]
 
 
 README = """---
@@ -134,8 +186,9 @@ def generate(folder: Path, pairs: int, seed: int) -> None:
         for name, size in _files(split, total):
             with pq.ParquetWriter(folder / "de-en" / name, schema) as writer:
                 for start in range(0, size, CHUNK_PAIRS):
-                    rows = make_pairs(min(CHUNK_PAIRS, size - start), np.random.default_rng([seed, s, chunk]),
-                                      vocab, cdf, mapping)
+                    rows = make_pairs(
+                        min(CHUNK_PAIRS, size - start), np.random.default_rng([seed, s, chunk]), vocab, cdf, mapping
+                    )
                     writer.write_table(pa.Table.from_arrays([rows], schema=schema))
                     chunk += 1
     (folder / "README.md").write_text(README.replace("{pairs}", f"{pairs:,}"), encoding="utf-8")

@@ -25,14 +25,14 @@ import torch.nn.functional as F
 from bench.common import ROOT, interleave, median, paired_ratio
 from bench.flops import train_flops
 from bench.marian_peer import build_marian, marian_logits
-from transformer.text.batching import Batch, collate, encode_corpus, make_batches
 from transformer.config import Config
-from transformer.text.corpus import load_split
 from transformer.device import autocast
 from transformer.model.speed import shape_changing_attention, training_attention
-from transformer.training.loss import generator_loss, label_smoothed_nll
 from transformer.model.transformer import build_model
+from transformer.text.batching import Batch, collate, encode_corpus, make_batches
+from transformer.text.corpus import load_split
 from transformer.text.tokenizer import Tokenizer
+from transformer.training.loss import generator_loss, label_smoothed_nll
 from transformer.training.schedule import make_optimizer
 
 CPU = torch.device("cpu")
@@ -55,9 +55,10 @@ def bench_batches(cfg: Config, tok: Tokenizer, count: int, cache: str) -> list[B
     return [collate(data, order[i], tok) for i in range(count)]
 
 
-def optimizer(model: torch.nn.Module, cfg: Config, fused: bool | None = None,
-              device: torch.device = CPU) -> torch.optim.Optimizer:
-    """Adam as the Trainer makes it, at a fixed lr of 1e-4 (fused where torch has it, unless ``fused`` says otherwise)."""
+def optimizer(
+    model: torch.nn.Module, cfg: Config, fused: bool | None = None, device: torch.device = CPU
+) -> torch.optim.Optimizer:
+    """Adam as the Trainer makes it, at a fixed lr of 1e-4 (fused where torch has it, unless ``fused`` says so)."""
     return make_optimizer(model, cfg.train, device, lr=1e-4, fused=fused)
 
 
@@ -81,8 +82,16 @@ KERNELS: dict[str, Callable[[torch.device, Batch], AbstractContextManager]] = {
 }
 
 
-def tfm_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batches: list[Batch], precision: str, cfg: Config,
-             fused_loss: bool = True, device: torch.device = CPU, kernels: str = "trainer") -> Callable[[int], None]:
+def tfm_step(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    batches: list[Batch],
+    precision: str,
+    cfg: Config,
+    fused_loss: bool = True,
+    device: torch.device = CPU,
+    kernels: str = "trainer",
+) -> Callable[[int], None]:
     """A function running tfm's training step r on batch r (cycling through ``batches``), as the Trainer does.
 
     fused_loss=False makes the logits whole and scores them with ``label_smoothed_nll`` instead;
@@ -109,8 +118,15 @@ def tfm_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batches: list[B
 SYSTEMS = ("tfm", "marian")
 
 
-def marian_step(peer: torch.nn.Module, opt: torch.optim.Optimizer, batches: list[Batch], precision: str, cfg: Config,
-                pad: int, device: torch.device = CPU) -> Callable[[int], None]:
+def marian_step(
+    peer: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    batches: list[Batch],
+    precision: str,
+    cfg: Config,
+    pad: int,
+    device: torch.device = CPU,
+) -> Callable[[int], None]:
     """A function running the peer's training step r on batch r: its logits, ``F.cross_entropy``, the same update."""
     eps, clip = cfg.train.label_smoothing, cfg.train.clip_norm
 
@@ -118,8 +134,9 @@ def marian_step(peer: torch.nn.Module, opt: torch.optim.Optimizer, batches: list
         b = batches[r % len(batches)]
         with autocast(precision, device):
             logits = marian_logits(peer, b.src, b.tgt_in, pad)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), b.tgt_out.flatten(), ignore_index=pad,
-                               label_smoothing=eps, reduction="sum")
+        loss = F.cross_entropy(
+            logits.flatten(0, 1).float(), b.tgt_out.flatten(), ignore_index=pad, label_smoothing=eps, reduction="sum"
+        )
         _step(peer, opt, loss / b.n_tokens, clip)
         _sync(device)
 
@@ -128,14 +145,17 @@ def marian_step(peer: torch.nn.Module, opt: torch.optim.Optimizer, batches: list
 
 def model_factory(cfg: Config, tok: Tokenizer) -> Callable[[], torch.nn.Module]:
     """Fresh tfm models of ``cfg``'s shape in train mode, all with the same initial weights."""
+
     def model() -> torch.nn.Module:
         torch.manual_seed(cfg.seed)
         return build_model(cfg.model, tok.vocab_size, tok.pad_id).train()
+
     return model
 
 
-def build(name: str, cfg: Config, tok: Tokenizer, batches: list[Batch], precision: str,
-          device: torch.device = CPU) -> Callable[[int], None]:
+def build(
+    name: str, cfg: Config, tok: Tokenizer, batches: list[Batch], precision: str, device: torch.device = CPU
+) -> Callable[[int], None]:
     """System ``name``'s training step on a fresh model (seeded with ``cfg.seed``) and its own Adam."""
     if name == "tfm":
         ours = model_factory(cfg, tok)().to(device)
@@ -146,8 +166,9 @@ def build(name: str, cfg: Config, tok: Tokenizer, batches: list[Batch], precisio
 
 
 @contextmanager
-def own_processes(cfg: Config, tok: Tokenizer, batches: list[Batch], precision: str,
-                  workers: dict[str, list[str]] | None = None) -> Iterator[dict[str, Callable[[int], float]]]:
+def own_processes(
+    cfg: Config, tok: Tokenizer, batches: list[Batch], precision: str, workers: dict[str, list[str]] | None = None
+) -> Iterator[dict[str, Callable[[int], float]]]:
     """Training steps in worker processes of their own (bench.train_worker); calls return the step's seconds.
 
     As users run them: each system alone in a process, tfm's set up as ``tfm train`` sets it up (it
@@ -158,9 +179,16 @@ def own_processes(cfg: Config, tok: Tokenizer, batches: list[Batch], precision: 
     with tempfile.TemporaryDirectory() as tmp:
         spec = Path(tmp) / "spec.pt"
         torch.save({"cfg": cfg, "tok": tok, "batches": batches, "precision": precision}, spec)
-        procs = {label: subprocess.Popen([sys.executable, "-m", "bench.train_worker", args[0], str(spec), *args[1:]],
-                                         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-                 for label, args in workers.items()}
+        procs = {
+            label: subprocess.Popen(
+                [sys.executable, "-m", "bench.train_worker", args[0], str(spec), *args[1:]],
+                cwd=ROOT,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for label, args in workers.items()
+        }
         try:
             for w in procs.values():
                 if w.stdout.readline().strip() != "ready":
@@ -173,6 +201,7 @@ def own_processes(cfg: Config, tok: Tokenizer, batches: list[Batch], precision: 
                     if not (line := w.stdout.readline()):
                         raise RuntimeError(f"bench worker {w.args} stopped at step {r} (its error is above)")
                     return float(line)
+
                 return run
 
             yield {label: proxy(w) for label, w in procs.items()}
@@ -182,16 +211,27 @@ def own_processes(cfg: Config, tok: Tokenizer, batches: list[Batch], precision: 
                 w.wait()
 
 
-def measure(cfg: Config, tok: Tokenizer, batches: list[Batch], precision: str, rounds: int,
-            warmup: int, device: torch.device = CPU, apart: bool = False) -> dict[str, Stats | float]:
+def measure(
+    cfg: Config,
+    tok: Tokenizer,
+    batches: list[Batch],
+    precision: str,
+    rounds: int,
+    warmup: int,
+    device: torch.device = CPU,
+    apart: bool = False,
+) -> dict[str, Stats | float]:
     """tfm and Marian steps alternated over ``batches`` (already on ``device``); per-system medians and the paired
-    tfm/peer ratio. ``apart``: each system in a process of its own (``own_processes``, CPU only), else both in this one."""
+    tfm/peer ratio. ``apart``: each system in a process of its own (``own_processes``, CPU only), else both in
+    this one.
+    """
     if apart:
         with own_processes(cfg, tok, batches, precision) as steps:
             times = interleave(steps, warmup + rounds)
     else:
-        times = interleave({name: build(name, cfg, tok, batches, precision, device) for name in SYSTEMS},
-                           warmup + rounds)
+        times = interleave(
+            {name: build(name, cfg, tok, batches, precision, device) for name in SYSTEMS}, warmup + rounds
+        )
     used = [batches[r % len(batches)] for r in range(warmup, warmup + rounds)]
     pad = tok.pad_id
     out: dict[str, Stats | float] = {}
@@ -200,7 +240,11 @@ def measure(cfg: Config, tok: Tokenizer, batches: list[Batch], precision: str, r
         tgt = [b.n_tokens for b in used]
         both = [b.n_tokens + int((b.src != pad).sum()) for b in used]
         flops = [train_flops(cfg.model, tok.vocab_size, b.src.size(0), b.src.size(1), b.tgt_in.size(1)) for b in used]
-        out[name] = Stats(median([n / t for n, t in zip(tgt, ts)]), median([n / t for n, t in zip(both, ts)]),
-                          median(ts), median([f / t for f, t in zip(flops, ts)]) / 1e9)
+        out[name] = Stats(
+            median([n / t for n, t in zip(tgt, ts)]),
+            median([n / t for n, t in zip(both, ts)]),
+            median(ts),
+            median([f / t for f, t in zip(flops, ts)]) / 1e9,
+        )
     out["ratio"] = paired_ratio(times["marian"][warmup:], times["tfm"][warmup:])
     return out

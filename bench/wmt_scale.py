@@ -54,8 +54,8 @@ from typing import TYPE_CHECKING
 from bench.synthetic_wmt import HELD_OUT, generate
 
 if TYPE_CHECKING:  # the library loads in each stage's own process, so that this one stays small
-    from transformer.text.batching import EncodedCorpus
     from transformer.config import Config
+    from transformer.text.batching import EncodedCorpus
     from transformer.text.corpus import Corpus
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,8 +69,10 @@ MUST_REUSE = ("encode_cached", "batch", "train", "resume")  # stages after encod
 def _memory() -> dict[str, float]:
     """This process's peak resident set (ru_maxrss) and its anonymous resident memory now, in MB."""
     status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
-    return {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "anon_rss_mb": int(status["RssAnon"].split()[0]) / 1024}
+    return {
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "anon_rss_mb": int(status["RssAnon"].split()[0]) / 1024,
+    }
 
 
 def _timed(work: Callable[[], object]) -> tuple[object, float]:
@@ -105,7 +107,9 @@ def _encoding(out: Path) -> tuple[int, Callable[[], list[EncodedCorpus]]]:
 
     (train, valid), max_len = _load(out), _config(out).data.max_len
     tokenizer = Tokenizer.load(out / "tokenizer.json")
-    return len(train) + len(valid), lambda: [encode_corpus(c, tokenizer, max_len, cache_dir(out)) for c in (train, valid)]
+    return len(train) + len(valid), lambda: [
+        encode_corpus(c, tokenizer, max_len, cache_dir(out)) for c in (train, valid)
+    ]
 
 
 def stage_generate(out: Path, pairs: int, seed: int) -> dict:
@@ -141,13 +145,24 @@ def stage_batch(out: Path) -> dict:
     cfg = _config(out)
     t = cfg.train
     batches, seconds = _timed(lambda: make_batches(train, t.batch_tokens, cfg.seed, 0, pad_multiple=t.pad_multiple))
-    return {"seconds": seconds, "pairs": len(train), "batches": len(batches), "dropped_too_long": batches.dropped_too_long}
+    return {
+        "seconds": seconds,
+        "pairs": len(train),
+        "batches": len(batches),
+        "dropped_too_long": batches.dropped_too_long,
+    }
 
 
 def library_stages(pairs: int, seed: int) -> dict[str, Callable[[Path], dict]]:
     """The stages that call the library, in order; encode_cached is encode again, in a new process."""
-    return {"generate": partial(stage_generate, pairs=pairs, seed=seed), "load": stage_load,
-            "tokenizer": stage_tokenizer, "encode": stage_encode, "encode_cached": stage_encode, "batch": stage_batch}
+    return {
+        "generate": partial(stage_generate, pairs=pairs, seed=seed),
+        "load": stage_load,
+        "tokenizer": stage_tokenizer,
+        "encode": stage_encode,
+        "encode_cached": stage_encode,
+        "batch": stage_batch,
+    }
 
 
 def _measured(stage: Callable[[Path], dict], out: Path) -> dict:
@@ -167,9 +182,25 @@ def in_fresh_process(stage: Callable[[Path], dict], out: Path) -> dict:
 def tfm_train(out: Path, overrides: list[str], resume: bool) -> tuple[dict, str]:
     """``tfm train`` on the corpus as a subprocess: its wall seconds, its peak RSS, each line it logged with
     the second it appeared (the model line comes once data, tokenizer and token cache are ready); and its command."""
-    args = [sys.executable, "-m", "cli", "train", "--config", str(CONFIG), "--data-dir", str(out / "data"),
-            "--set", f"run_dir={out / 'runs'}", "--set", f"name={RUN_NAME}", "--set", "train.log_every=1",
-            *[a for o in overrides for a in ("--set", o)], "--quiet", "--resume" if resume else "--overwrite"]
+    args = [
+        sys.executable,
+        "-m",
+        "cli",
+        "train",
+        "--config",
+        str(CONFIG),
+        "--data-dir",
+        str(out / "data"),
+        "--set",
+        f"run_dir={out / 'runs'}",
+        "--set",
+        f"name={RUN_NAME}",
+        "--set",
+        "train.log_every=1",
+        *[a for o in overrides for a in ("--set", o)],
+        "--quiet",
+        "--resume" if resume else "--overwrite",
+    ]
     start = time.perf_counter()
     proc = subprocess.Popen(args, cwd=ROOT, stderr=subprocess.PIPE, text=True)
     log = [f"{time.perf_counter() - start:7.2f}s {line.rstrip()}" for line in proc.stderr]
@@ -193,8 +224,15 @@ def update_seconds(out: Path, first_step: int) -> list[float]:
 
 def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
     """Name -> (bytes, mtime_ns) of every file under ``folder``."""
-    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*")) if p.is_file()} if folder.is_dir() else {}
+    return (
+        {
+            str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*"))
+            if p.is_file()
+        }
+        if folder.is_dir()
+        else {}
+    )
 
 
 def fresh_out(out: Path) -> None:
@@ -279,8 +317,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("/tmp/wmt_scale"), help="working folder, emptied first")
     parser.add_argument("--seed", type=int, default=1, help="the corpus is a function of --pairs and --seed")
     parser.add_argument("--steps", type=int, default=3, help="updates of the train stage (resume adds 2)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="config override for the train and resume stages only, e.g. model.N=1 (repeatable)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override for the train and resume stages only, e.g. model.N=1 (repeatable)",
+    )
     parser.add_argument("--json", type=Path, help="also write the summary here")
     args = parser.parse_args()
     summary = run(args.out.resolve(), args.pairs, args.seed, args.overrides, args.steps)

@@ -19,18 +19,31 @@ def _read(path: Path) -> list[str]:
 
 
 def _print_scores(scores) -> None:
-    print(f"BLEU = {scores.bleu:.2f}  {scores.bleu_signature}\nchrF = {scores.chrf:.2f}  {scores.chrf_signature}",
-          flush=True)
+    print(
+        f"BLEU = {scores.bleu:.2f}  {scores.bleu_signature}\nchrF = {scores.chrf:.2f}  {scores.chrf_signature}",
+        flush=True,
+    )
 
 
-def run_eval(checkpoint: Path | None, split: str | None, src: Path | None, ref: Path | None, hyp: Path | None,
-             beam: int | None, data_dir: str | None, device: str, precision: str, runs: Path,
-             output_dir: Path | None = None, alpha: float | None = None) -> None:
+def run_eval(
+    checkpoint: Path | None,
+    split: str | None,
+    src: Path | None,
+    ref: Path | None,
+    hyp: Path | None,
+    beam: int | None,
+    data_dir: str | None,
+    device: str,
+    precision: str,
+    runs: Path,
+    output_dir: Path | None = None,
+    alpha: float | None = None,
+) -> None:
     """Print BLEU with its signature and chrF; write hypotheses and scores JSON to ``output_dir`` (default: the
     checkpoint's eval/). The scores are printed before anything is written, so a failed write loses no result."""
     from transformer import checkpoint as ckpt
-    from transformer.errors import DataError
     from transformer.decoding.scoring import score
+    from transformer.errors import DataError
 
     if hyp is not None:
         if ref is None:
@@ -43,9 +56,9 @@ def run_eval(checkpoint: Path | None, split: str | None, src: Path | None, ref: 
         return
     if output_dir is not None:
         check_folder(output_dir if output_dir.exists() else output_dir.parent, "--output-dir")
-    from transformer.text.corpus import load_split
-    from transformer.device import check_precision, resolve_device
     from transformer.decoding.translator import Translator
+    from transformer.device import check_precision, resolve_device
+    from transformer.text.corpus import load_split
 
     check_alpha(alpha)
     dev = resolve_device(device)
@@ -65,8 +78,10 @@ def run_eval(checkpoint: Path | None, split: str | None, src: Path | None, ref: 
         try:
             corpus = load_split(cfg.data, name)
         except DataError as e:
-            raise DataError(f"{e} (the corpus is looked for where the checkpoint was trained: data.path "
-                            f"'{cfg.data.path}'; pass --data-dir to read it elsewhere)") from None
+            raise DataError(
+                f"{e} (the corpus is looked for where the checkpoint was trained: data.path "
+                f"'{cfg.data.path}'; pass --data-dir to read it elsewhere)"
+            ) from None
         sources, references = list(corpus.src), list(corpus.tgt)
     beam = beam or cfg.decode.beam
     if alpha is not None:
@@ -83,5 +98,7 @@ def run_eval(checkpoint: Path | None, split: str | None, src: Path | None, ref: 
         (out_dir / f"{stem}.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
         (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
     except OSError as e:
-        write_failed(f"the report in {out_dir} (the scores above are complete; pass --output-dir to save it elsewhere)", e)
+        write_failed(
+            f"the report in {out_dir} (the scores above are complete; pass --output-dir to save it elsewhere)", e
+        )
     print(f"hypotheses and scores in {out_dir}/")

@@ -19,8 +19,11 @@ from transformer.process import configure_before_torch
 
 configure_before_torch()  # before any command loads torch
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Train and run the translation Transformer of 'Attention Is All You Need'.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Train and run the translation Transformer of 'Attention Is All You Need'.",
+)
 
 
 @app.command()
@@ -29,7 +32,9 @@ def train(
     set_: List[str] = typer.Option([], "--set", help="Override a config value: --set train.warmup=200 (repeatable)"),
     data_dir: Optional[str] = typer.Option(None, "--data-dir", help="Corpus location (sets data.path)"),
     resume: bool = typer.Option(False, "--resume", help="Continue from the run's newest checkpoint"),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Delete an existing run directory of the same name first"),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Delete an existing run directory of the same name first"
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar (for scripts)"),
     nproc: int = typer.Option(1, "--nproc", min=1, help="Processes on this machine, one per GPU (DDP via torchrun)"),
 ) -> None:
@@ -60,14 +65,18 @@ def train(
 @app.command()
 def translate(
     text: Optional[str] = typer.Argument(None, help="Sentence to translate; omit to read --input or stdin"),
-    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Checkpoint directory (default: newest run's best)"),
+    checkpoint: Optional[Path] = typer.Option(
+        None, "--checkpoint", help="Checkpoint directory (default: newest run's best)"
+    ),
     input_: Optional[Path] = typer.Option(None, "--input", "-i", help="File with one sentence per line"),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write translations here (default: stdout)"),
     beam: Optional[int] = typer.Option(None, "--beam", min=1, help="Beam size (default: the config's, 4)"),
     greedy: bool = typer.Option(False, "--greedy", help="Greedy search (same as --beam 1)"),
     alpha: Optional[float] = typer.Option(None, "--alpha", help="Beam length penalty (default: the config's)"),
     nbest: int = typer.Option(1, "--nbest", min=1, help="Print the K best: 'line ||| text ||| score'"),
-    batch_tokens: Optional[int] = typer.Option(None, "--batch-tokens", "--batch-size", min=1, help="Source tokens per batch"),
+    batch_tokens: Optional[int] = typer.Option(
+        None, "--batch-tokens", "--batch-size", min=1, help="Source tokens per batch"
+    ),
     device: str = typer.Option("auto", "--device", help="auto|cpu|cuda|cuda:N|mps"),
     precision: str = typer.Option("fp32", "--precision", help="fp32|bf16|fp16"),
     runs: Path = typer.Option(Path("runs"), "--runs", help="Where to look for the newest run"),
@@ -77,25 +86,42 @@ def translate(
     from cli.translate_cmd import run_translate
 
     with user_errors():
-        run_translate(text, checkpoint, input_, output, 1 if greedy else beam, nbest, batch_tokens, device,
-                      precision, runs, overwrite, alpha)
+        run_translate(
+            text,
+            checkpoint,
+            input_,
+            output,
+            1 if greedy else beam,
+            nbest,
+            batch_tokens,
+            device,
+            precision,
+            runs,
+            overwrite,
+            alpha,
+        )
 
 
 @app.command(name="eval")
 def eval_(
-    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Checkpoint directory (default: newest run's best)"),
+    checkpoint: Optional[Path] = typer.Option(
+        None, "--checkpoint", help="Checkpoint directory (default: newest run's best)"
+    ),
     split: Optional[str] = typer.Option(None, "--split", help="Split to score (default: the config's test split)"),
     src: Optional[Path] = typer.Option(None, "--src", help="Source file to translate instead of a split"),
     ref: Optional[Path] = typer.Option(None, "--ref", help="Reference file for --src or --hyp"),
     hyp: Optional[Path] = typer.Option(None, "--hyp", help="Score this hypothesis file against --ref (no model)"),
     beam: Optional[int] = typer.Option(None, "--beam", min=1, help="Beam size (default: the config's, 4)"),
     alpha: Optional[float] = typer.Option(None, "--alpha", help="Beam length penalty (default: the config's)"),
-    data_dir: Optional[str] = typer.Option(None, "--data-dir", help="Corpus location (overrides the checkpoint's data.path)"),
+    data_dir: Optional[str] = typer.Option(
+        None, "--data-dir", help="Corpus location (overrides the checkpoint's data.path)"
+    ),
     device: str = typer.Option("auto", "--device", help="auto|cpu|cuda|cuda:N|mps"),
     precision: str = typer.Option("fp32", "--precision", help="fp32|bf16|fp16"),
     runs: Path = typer.Option(Path("runs"), "--runs", help="Where to look for the newest run"),
-    output_dir: Optional[Path] = typer.Option(None, "--output-dir", help="Write hypotheses and scores here "
-                                              "(default: <checkpoint>/eval)"),
+    output_dir: Optional[Path] = typer.Option(
+        None, "--output-dir", help="Write hypotheses and scores here (default: <checkpoint>/eval)"
+    ),
 ) -> None:
     """Translate the test split and print sacreBLEU (with its signature) and chrF."""
     from cli.eval_cmd import run_eval
@@ -142,8 +168,12 @@ def attention(
     sentence: str = typer.Argument(..., help="Source sentence; it is translated greedily first"),
     layer: Optional[int] = typer.Option(None, "--layer", min=1, help="Layer, 1..N (default: the last)"),
     head: str = typer.Option("all", "--head", help="Head, 1..h, or 'all' for a grid of every head"),
-    self_: Optional[str] = typer.Option(None, "--self", help="encoder|decoder: self-attention instead of cross-attention"),
-    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Checkpoint directory (default: newest run's best)"),
+    self_: Optional[str] = typer.Option(
+        None, "--self", help="encoder|decoder: self-attention instead of cross-attention"
+    ),
+    checkpoint: Optional[Path] = typer.Option(
+        None, "--checkpoint", help="Checkpoint directory (default: newest run's best)"
+    ),
     output: Path = typer.Option(Path("attention.png"), "--output", "-o", help="PNG to write"),
     runs: Path = typer.Option(Path("runs"), "--runs", help="Where to look for the newest run"),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --output file"),
@@ -160,8 +190,15 @@ def attention(
 
         loaded = ckpt.load(checkpoint or ckpt.newest(runs), "cpu")
         d = loaded.cfg.decode
-        maps = attention_maps(loaded.model, loaded.tokenizer, sentence, self_ or "cross",
-                              -1 if layer is None else layer - 1, d.max_len_a, d.max_len_b)
+        maps = attention_maps(
+            loaded.model,
+            loaded.tokenizer,
+            sentence,
+            self_ or "cross",
+            -1 if layer is None else layer - 1,
+            d.max_len_a,
+            d.max_len_b,
+        )
         path = plot_attention(maps, output, None if head == "all" else int(head) - 1)
     print(path)
 

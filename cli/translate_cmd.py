@@ -44,13 +44,24 @@ def _out_of_memory(e: BaseException) -> bool:
     return isinstance(e, MemoryError) or "out of memory" in str(e) or "can't allocate memory" in str(e)
 
 
-def run_translate(text: str | None, checkpoint: Path | None, input_: Path | None, output: Path | None,
-                  beam: int | None, nbest: int, batch_tokens: int | None, device: str, precision: str,
-                  runs: Path, overwrite: bool = False, alpha: float | None = None) -> None:
+def run_translate(
+    text: str | None,
+    checkpoint: Path | None,
+    input_: Path | None,
+    output: Path | None,
+    beam: int | None,
+    nbest: int,
+    batch_tokens: int | None,
+    device: str,
+    precision: str,
+    runs: Path,
+    overwrite: bool = False,
+    alpha: float | None = None,
+) -> None:
     """Translate ``text``, ``--input`` or stdin into ``--output`` or stdout; every check comes before any work."""
     from transformer import checkpoint as ckpt
-    from transformer.device import check_precision, resolve_device
     from transformer.decoding.translator import Translator
+    from transformer.device import check_precision, resolve_device
 
     if text is not None and input_ is not None:
         fail("give either a sentence or --input FILE, not both")
@@ -78,8 +89,9 @@ def run_translate(text: str | None, checkpoint: Path | None, input_: Path | None
             lines = _lines(stack.enter_context(open(input_, "rb")), str(input_))
         else:
             lines = _lines(sys.stdin.buffer, "stdin")
-        count, interrupted = _translate_into(output, translator.translate(lines, beam, nbest,
-                                                                          chunk=1 if text is not None else 1000), nbest)
+        count, interrupted = _translate_into(
+            output, translator.translate(lines, beam, nbest, chunk=1 if text is not None else 1000), nbest
+        )
     if interrupted:
         print(f"interrupted: {count} complete lines written", file=sys.stderr)
         raise SystemExit(130)

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-
 from tiny import QUICKSTART, ROOT, TINY_SETS
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -30,8 +29,15 @@ class Proc:
     def __init__(self, args: list[str], err: Path, stdin: int | None = subprocess.DEVNULL) -> None:
         self.err_path = err
         with open(err, "w") as f:
-            self.p = subprocess.Popen([sys.executable, "-m", "cli", *args], env=ENV, cwd=ROOT, stdin=stdin,
-                                      stdout=subprocess.DEVNULL, stderr=f, preexec_fn=_default_sigint)
+            self.p = subprocess.Popen(
+                [sys.executable, "-m", "cli", *args],
+                env=ENV,
+                cwd=ROOT,
+                stdin=stdin,
+                stdout=subprocess.DEVNULL,
+                stderr=f,
+                preexec_fn=_default_sigint,
+            )
 
     @property
     def stderr(self) -> str:

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from tiny import SAMPLE, run_trainer, tiny_config
+
 from transformer import checkpoint
 from transformer.config import DataConfig, TokenizerConfig
-from transformer.text.corpus import Corpus, load_split
 from transformer.model.transformer import build_model
+from transformer.text.corpus import Corpus, load_split
 from transformer.text.tokenizer import Tokenizer, train_tokenizer
 from transformer.training.trainer import Result
 

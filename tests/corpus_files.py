@@ -7,8 +7,8 @@ import gzip
 from pathlib import Path
 
 import pytest
-
 from tiny import ROOT
+
 from transformer import config
 from transformer.text.corpus import Corpus
 

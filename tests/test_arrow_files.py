@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-
 from corpus_files import PAIRS, as_pairs, text_dir, write_lines
+
+from transformer.config import DataConfig
+from transformer.errors import DataError
 from transformer.text import corpus
 from transformer.text.arrow_files import open_arrow, write_arrow
-from transformer.config import DataConfig
 from transformer.text.corpus import ArrowColumn, load_split
-from transformer.errors import DataError
 
 
 @pytest.fixture

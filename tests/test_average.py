@@ -8,8 +8,8 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from transformer import checkpoint
-from transformer.training.average import average
 from transformer.errors import CheckpointError
+from transformer.training.average import average
 
 
 @pytest.fixture(scope="module")

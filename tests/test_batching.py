@@ -13,7 +13,15 @@ import pytest
 import torch
 
 from transformer.text.batching import (
-    Batch, EncodedCorpus, collate, encode_corpus, make_batches, padded_sizes, padding_fraction, sorted_batches, source_tensor,
+    Batch,
+    EncodedCorpus,
+    collate,
+    encode_corpus,
+    make_batches,
+    padded_sizes,
+    padding_fraction,
+    sorted_batches,
+    source_tensor,
     static_rows,
 )
 from transformer.text.corpus import Corpus
@@ -23,7 +31,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def m30k_encoded(multi30k_train: Corpus, multi30k_tokenizer: Tokenizer, tmp_path_factory: pytest.TempPathFactory) -> EncodedCorpus:
+def m30k_encoded(
+    multi30k_train: Corpus, multi30k_tokenizer: Tokenizer, tmp_path_factory: pytest.TempPathFactory
+) -> EncodedCorpus:
     return encode_corpus(multi30k_train, multi30k_tokenizer, 100, tmp_path_factory.mktemp("ids"))
 
 
@@ -32,7 +42,10 @@ def small_corpus(pairs: list[tuple[str, str]]) -> Corpus:
 
 
 def test_encoding_is_cached_per_tokenizer(
-    m30k_encoded: EncodedCorpus, multi30k_train: Corpus, multi30k_tokenizer: Tokenizer, sample_tokenizer: Tokenizer,
+    m30k_encoded: EncodedCorpus,
+    multi30k_train: Corpus,
+    multi30k_tokenizer: Tokenizer,
+    sample_tokenizer: Tokenizer,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     assert len(m30k_encoded) == len(multi30k_train) and m30k_encoded.dropped_long == 0
@@ -45,7 +58,9 @@ def test_encoding_is_cached_per_tokenizer(
     other = encode_corpus(small, sample_tokenizer, 100, m30k_encoded.path.parent)
     assert other.path != m30k_encoded.path
     src, tgt = other.pair(7)
-    assert sample_tokenizer.decode(src) == multi30k_train.src[7] and sample_tokenizer.decode(tgt) == multi30k_train.tgt[7]
+    assert (
+        sample_tokenizer.decode(src) == multi30k_train.src[7] and sample_tokenizer.decode(tgt) == multi30k_train.tgt[7]
+    )
 
 
 def test_grouping_by_length_keeps_padding_low(m30k_encoded: EncodedCorpus) -> None:
@@ -100,7 +115,9 @@ def test_collate_builds_teacher_forcing_inputs(sample_tokenizer: Tokenizer, tmp_
     assert b.src.dtype == b.tgt_in.dtype == torch.long
     assert b.n_tokens == int((b.tgt_out != t.pad_id).sum()) == len(y0) + len(y1) + 2
     padded = collate(enc, [1], t, pad_multiple=8)
-    assert padded.src.shape[1] % 8 == 0 and padded.tgt_in.shape == padded.tgt_out.shape and padded.tgt_in.shape[1] % 8 == 0
+    assert (
+        padded.src.shape[1] % 8 == 0 and padded.tgt_in.shape == padded.tgt_out.shape and padded.tgt_in.shape[1] % 8 == 0
+    )
     moved = b.to("cpu")
     assert torch.equal(moved.tgt_out, b.tgt_out) and moved.n_tokens == b.n_tokens
     assert Batch(b.src, b.tgt_in, b.tgt_out).n_tokens == b.n_tokens
@@ -110,14 +127,19 @@ def test_source_tensor_is_ids_then_end_then_padding(sample_tokenizer: Tokenizer)
     t = sample_tokenizer
     ids = [[5, 6, 7], [8], [9, 10]]
     src = source_tensor(ids, t)
-    assert src.dtype == torch.long and src.tolist() == [[5, 6, 7, t.end_id], [8, t.end_id, t.pad_id, t.pad_id],
-                                                        [9, 10, t.end_id, t.pad_id]]
+    assert src.dtype == torch.long and src.tolist() == [
+        [5, 6, 7, t.end_id],
+        [8, t.end_id, t.pad_id, t.pad_id],
+        [9, 10, t.end_id, t.pad_id],
+    ]
     arrays = [np.array(x, dtype=np.uint16) for x in ids]
     assert torch.equal(source_tensor(arrays, t), src)
     assert source_tensor(ids, t, pad_multiple=8).tolist() == [row + [t.pad_id] * 4 for row in src.tolist()]
 
 
-def test_collate_source_is_the_source_tensor_of_its_pairs(m30k_encoded: EncodedCorpus, multi30k_tokenizer: Tokenizer) -> None:
+def test_collate_source_is_the_source_tensor_of_its_pairs(
+    m30k_encoded: EncodedCorpus, multi30k_tokenizer: Tokenizer
+) -> None:
     batch = make_batches(m30k_encoded, 2000, seed=1, epoch=0)[0]
     for pad_multiple in (1, 8):
         ids = [m30k_encoded.pair(i)[0] for i in batch]
@@ -172,9 +194,11 @@ def test_two_million_pairs_stay_far_below_their_python_size(tmp_path: Path) -> N
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         status = dict(line.split(":", 1) for line in open("/proc/self/status"))
         anon, mapped = (int(status[k].split()[0]) for k in ("RssAnon", "RssFile"))
-        sample = [corpus.src[i] for i in range(0, len(corpus), 1000)] + [corpus.tgt[i] for i in range(0, len(corpus), 1000)]
+        every = range(0, len(corpus), 1000)
+        sample = [corpus.src[i] for i in every] + [corpus.tgt[i] for i in every]
         ids = [tok.encode(s) for s in sample]
-        per_pair = 2 * (sum(map(sys.getsizeof, sample)) + sum(sys.getsizeof(x) + 28 * len(x) for x in ids)) / len(sample)
+        size = sum(map(sys.getsizeof, sample)) + sum(sys.getsizeof(x) + 28 * len(x) for x in ids)
+        per_pair = 2 * size / len(sample)
         print(len(corpus), len(enc), len(batches), base, peak, anon, mapped, int(per_pair * len(corpus)) // 1024)
         """
     )
@@ -191,8 +215,9 @@ def test_two_million_pairs_stay_far_below_their_python_size(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("pad_multiple", [1, 8])
-def test_static_collate_adds_empty_rows_up_to_static_rows(m30k_encoded: EncodedCorpus, multi30k_tokenizer: Tokenizer,
-                                                          pad_multiple: int) -> None:
+def test_static_collate_adds_empty_rows_up_to_static_rows(
+    m30k_encoded: EncodedCorpus, multi30k_tokenizer: Tokenizer, pad_multiple: int
+) -> None:
     """Rows of nothing but <PAD> up to static_rows, after the real rows, which are those of a plain collate."""
     t = multi30k_tokenizer
     batches = make_batches(m30k_encoded, 2000, seed=2, epoch=0, pad_multiple=pad_multiple)
@@ -205,7 +230,7 @@ def test_static_collate_adds_empty_rows_up_to_static_rows(m30k_encoded: EncodedC
         assert rows >= len(b)  # the batch fits the budget it was cut to, so no real row is lost
         assert static.src.shape == (rows, S) and static.tgt_in.shape == static.tgt_out.shape == (rows, T)
         for name in ("src", "tgt_in", "tgt_out"):
-            real, extra = getattr(static, name)[: len(b)], getattr(static, name)[len(b):]
+            real, extra = getattr(static, name)[: len(b)], getattr(static, name)[len(b) :]
             assert torch.equal(real, getattr(plain, name))
             assert bool((extra == t.pad_id).all())
         assert static.n_tokens == plain.n_tokens == int((static.tgt_out != t.pad_id).sum())
@@ -219,10 +244,13 @@ def test_static_rows_fill_the_budget_with_the_longer_side() -> None:
     assert static_rows(100, 150, 3) == 1  # a batch holds at least one row
 
 
-def test_static_collate_never_drops_a_row_of_a_batch_over_its_budget(sample_tokenizer: Tokenizer, tmp_path: Path) -> None:
+def test_static_collate_never_drops_a_row_of_a_batch_over_its_budget(
+    sample_tokenizer: Tokenizer, tmp_path: Path
+) -> None:
     t = sample_tokenizer
-    corpus = small_corpus([("Ein Mann fährt Fahrrad.", "A man rides a bike."), ("Ja, bitte.", "Yes, please."),
-                           ("Der Hund.", "The dog.")])
+    corpus = small_corpus(
+        [("Ein Mann fährt Fahrrad.", "A man rides a bike."), ("Ja, bitte.", "Yes, please."), ("Der Hund.", "The dog.")]
+    )
     enc = encode_corpus(corpus, t, 100, tmp_path)
     plain = collate(enc, [0, 1, 2], t)
     static = collate(enc, [0, 1, 2], t, static_tokens=4)  # static_rows is 1 here
@@ -233,8 +261,9 @@ def test_static_collate_never_drops_a_row_of_a_batch_over_its_budget(sample_toke
 
 
 @pytest.mark.parametrize("pad_multiple", [1, 8])
-def test_padding_fraction_counts_the_empty_rows_of_static_batches(m30k_encoded: EncodedCorpus,
-                                                                  multi30k_tokenizer: Tokenizer, pad_multiple: int) -> None:
+def test_padding_fraction_counts_the_empty_rows_of_static_batches(
+    m30k_encoded: EncodedCorpus, multi30k_tokenizer: Tokenizer, pad_multiple: int
+) -> None:
     """At least the plain fraction, and the share of <PAD> cells in the collated source and target tensors."""
     batches = make_batches(m30k_encoded, 2000, seed=4, epoch=1, pad_multiple=pad_multiple)
     plain = padding_fraction(m30k_encoded, batches, pad_multiple)

@@ -15,10 +15,26 @@ REPO = Path(__file__).resolve().parents[1]
 def test_gpu_step_quick_on_cpu_writes_every_section(multi30k_dir: Path, tmp_path: Path) -> None:
     """Multi30k comes from TFM_MULTI30K (made absolute by conftest), the script's default --data."""
     out = tmp_path / "out.json"
-    cmd = [sys.executable, "-m", "bench.gpu_step", "--device", "cpu", "--quick", "--json", str(out),
-           "--runs", str(tmp_path / "runs")]
-    proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, "TFM_MULTI30K": str(multi30k_dir)},
-                          capture_output=True, text=True, timeout=600)
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.gpu_step",
+        "--device",
+        "cpu",
+        "--quick",
+        "--json",
+        str(out),
+        "--runs",
+        str(tmp_path / "runs"),
+    ]
+    proc = subprocess.run(
+        cmd,
+        cwd=REPO,
+        env={**os.environ, "TFM_MULTI30K": str(multi30k_dir)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     for section in ("profile", "levers", "train", "compile"):

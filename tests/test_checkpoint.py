@@ -8,8 +8,8 @@ import zipfile
 
 import pytest
 import torch
-
 from tiny import tiny_config
+
 from transformer import checkpoint
 from transformer.errors import CheckpointError
 from transformer.files import clean_partial
@@ -140,7 +140,7 @@ def test_prune_never_leaves_a_half_deleted_checkpoint_that_looks_complete(parts,
 def test_checkpoint_saved_on_another_device_loads_on_cpu(tiny_checkpoint, tmp_path, monkeypatch):
     """safetensors records dtype, shape and offsets only; trainer.pt tensors tagged 'cuda:0' load via map_location."""
     header_len = int.from_bytes((tiny_checkpoint / checkpoint.WEIGHTS).read_bytes()[:8], "little")
-    header = json.loads((tiny_checkpoint / checkpoint.WEIGHTS).read_bytes()[8:8 + header_len])
+    header = json.loads((tiny_checkpoint / checkpoint.WEIGHTS).read_bytes()[8 : 8 + header_len])
     assert {k for name, v in header.items() if name != "__metadata__" for k in v} == {"dtype", "shape", "data_offsets"}
 
     # Write trainer.pt as a GPU run would: every storage tagged 'cuda:0' (this machine need not have one).
@@ -162,8 +162,14 @@ def test_checkpoint_saved_on_another_device_loads_on_cpu(tiny_checkpoint, tmp_pa
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU to save from")
 def test_checkpoint_saved_from_cuda_loads_on_cpu(tiny_checkpoint, tmp_path):
     loaded = checkpoint.load(tiny_checkpoint, "cuda")
-    path = checkpoint.save(tmp_path / "gpu", loaded.cfg, loaded.tokenizer, loaded.model, loaded.meta,
-                           {"exp_avg": torch.ones(3, device="cuda")})
+    path = checkpoint.save(
+        tmp_path / "gpu",
+        loaded.cfg,
+        loaded.tokenizer,
+        loaded.model,
+        loaded.meta,
+        {"exp_avg": torch.ones(3, device="cuda")},
+    )
     back = checkpoint.load(path, "cpu")
     assert all(p.device.type == "cpu" for p in back.model.parameters())
     assert checkpoint.load_trainer_state(path)["exp_avg"].device.type == "cpu"

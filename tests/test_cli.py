@@ -11,31 +11,47 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from typer.testing import CliRunner
-
-from cli.main import app
 from cli_helpers import one_error_line
 from corpus_files import TRADITIONAL_EMOJI, has_cjk
 from tiny import QUICKSTART, ROOT, SAMPLE, TINY_SETS, assert_resumable, run_trainer, step_of
+from typer.testing import CliRunner
+
+from cli.main import app
 from transformer import checkpoint, config
 from transformer.config import DataConfig
-from transformer.text.corpus import load_split
 from transformer.decoding.translator import Translator
+from transformer.text.corpus import load_split
 
 QUICK = ["--set", "train.max_steps=30", "--set", "train.eval_every=30", "--set", "train.save_every=30"]
 
 
 def tfm(*args, cwd=None, input=None, timeout=300):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "cli", *map(str, args)], cwd=cwd, input=input, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "cli", *map(str, args)],
+        cwd=cwd,
+        input=input,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     runs = tmp_path_factory.mktemp("e2e") / "runs"
-    r = tfm("train", "--config", ROOT / "configs" / "quickstart.yaml", "--quiet", "--set", f"run_dir={runs}",
-            "--set", f"data.path={SAMPLE}", *QUICK)
+    r = tfm(
+        "train",
+        "--config",
+        ROOT / "configs" / "quickstart.yaml",
+        "--quiet",
+        "--set",
+        f"run_dir={runs}",
+        "--set",
+        f"data.path={SAMPLE}",
+        *QUICK,
+    )
     assert r.returncode == 0, r.stderr
     return runs
 
@@ -73,7 +89,9 @@ def test_nbest(trained):
 def test_eval_prints_signature_and_writes_scores(trained, tmp_path):
     r = tfm("eval", "--runs", trained, "--beam", "2")
     assert r.returncode == 0, r.stderr
-    assert "BLEU = " in r.stdout and "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp" in r.stdout and "chrF = " in r.stdout
+    assert (
+        "BLEU = " in r.stdout and "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp" in r.stdout and "chrF = " in r.stdout
+    )
     saved = json.loads(next((trained / "quickstart" / "best" / "eval").glob("*.json")).read_text())
     assert saved["beam"] == 2 and 0 <= saved["bleu"] <= 100
     hyp, ref = tmp_path / "h", tmp_path / "r"
@@ -93,27 +111,50 @@ def test_output_into_head_has_no_broken_pipe(trained, tmp_path):
     assert "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    (["train", "--config", "nope.yaml"], "config file 'nope.yaml' not found"),
-    (["train", "--config", ROOT / "configs" / "quickstart.yaml", "--set", "model.dropuot=0.2"], "did you mean 'model.dropout'"),
-    (["train", "--config", ROOT / "configs" / "quickstart.yaml", "--set", "precision=fp16", "--set", "device=cpu"],
-     "precision: fp16 needs a CUDA GPU"),
-    (["translate", "x", "--precision", "fp8"], "precision 'fp8' is not one of fp32, bf16, fp16"),
-    (["translate", "x", "--checkpoint", "/nonexistent"], "checkpoint '/nonexistent' not found"),
-    (["translate", "x", "--runs", "/nonexistent"], "no checkpoint found"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["train", "--config", "nope.yaml"], "config file 'nope.yaml' not found"),
+        (
+            ["train", "--config", ROOT / "configs" / "quickstart.yaml", "--set", "model.dropuot=0.2"],
+            "did you mean 'model.dropout'",
+        ),
+        (
+            [
+                "train",
+                "--config",
+                ROOT / "configs" / "quickstart.yaml",
+                "--set",
+                "precision=fp16",
+                "--set",
+                "device=cpu",
+            ],
+            "precision: fp16 needs a CUDA GPU",
+        ),
+        (["translate", "x", "--precision", "fp8"], "precision 'fp8' is not one of fp32, bf16, fp16"),
+        (["translate", "x", "--checkpoint", "/nonexistent"], "checkpoint '/nonexistent' not found"),
+        (["translate", "x", "--runs", "/nonexistent"], "no checkpoint found"),
+    ],
+)
 def test_errors_are_one_line_exit_2(args, message, tmp_path):
     r = tfm(*args, cwd=tmp_path)
     assert r.returncode == 2, r.stderr
     assert message in r.stderr and "Traceback" not in r.stderr
-    assert len([l for l in r.stderr.splitlines() if l.startswith("error:")]) == 1
+    assert len([line for line in r.stderr.splitlines() if line.startswith("error:")]) == 1
 
 
 def test_help_does_not_import_torch():
-    code = ("import sys; sys.argv = ['tfm', '--help']\nfrom cli.main import app\n"
-            "try:\n    app()\nexcept SystemExit:\n    pass\nprint('TORCH' if 'torch' in sys.modules else 'NO-TORCH')")
-    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
-                       capture_output=True, text=True, timeout=60)
+    code = (
+        "import sys; sys.argv = ['tfm', '--help']\nfrom cli.main import app\n"
+        "try:\n    app()\nexcept SystemExit:\n    pass\nprint('TORCH' if 'torch' in sys.modules else 'NO-TORCH')"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "train" in r.stdout and r.stdout.strip().endswith("NO-TORCH")
 
 
@@ -122,8 +163,21 @@ def test_configs_lists_the_shipped_configs_and_train_takes_one_by_name(tmp_path)
     assert r.returncode == 0, r.stderr
     names = [line.split()[0] for line in r.stdout.splitlines()]
     assert {"base", "big", "quickstart", "small", "wmt14-base", "wmt14-big"} <= set(names)
-    r = tfm("train", "--config", "quickstart", "--quiet", "--set", f"run_dir={tmp_path}", "--set", f"data.path={SAMPLE}",
-            "--set", "train.max_steps=1", "--set", "train.eval_every=1", cwd=tmp_path)
+    r = tfm(
+        "train",
+        "--config",
+        "quickstart",
+        "--quiet",
+        "--set",
+        f"run_dir={tmp_path}",
+        "--set",
+        f"data.path={SAMPLE}",
+        "--set",
+        "train.max_steps=1",
+        "--set",
+        "train.eval_every=1",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "quickstart" / "best").is_dir()
 
@@ -149,16 +203,36 @@ def train_tiny(folder: Path, pairs: list[tuple[str, str]], src: str, tgt: str) -
     for split in ("train", "valid"):
         (folder / f"{split}.tsv").write_text("".join(f"{e}\t{z}\n" for e, z in pairs), encoding="utf-8")
     steps = 80
-    cfg = config.from_dict({
-        "name": f"{src}-{tgt}", "run_dir": str(folder / "runs"), "device": "cpu",
-        "model": {"N": 1, "d_model": 64, "d_ff": 128, "h": 2, "dropout": 0.0, "max_positions": 128},
-        "data": {"format": "tsv", "path": str(folder), "tsv_columns": ["en", "zh"], "src_lang": src, "tgt_lang": tgt,
-                 "valid_split": "valid", "test_split": "valid"},
-        "tokenizer": {"vocab_size": 1000},
-        "train": {"batch_tokens": 4000, "label_smoothing": 0.0, "peak_lr": 0.01, "warmup": 10, "max_steps": steps,
-                  "eval_every": steps, "save_every": steps, "eval_sentences": len(pairs), "keep_last": 1},
-        "decode": {"beam": 1},
-    })
+    cfg = config.from_dict(
+        {
+            "name": f"{src}-{tgt}",
+            "run_dir": str(folder / "runs"),
+            "device": "cpu",
+            "model": {"N": 1, "d_model": 64, "d_ff": 128, "h": 2, "dropout": 0.0, "max_positions": 128},
+            "data": {
+                "format": "tsv",
+                "path": str(folder),
+                "tsv_columns": ["en", "zh"],
+                "src_lang": src,
+                "tgt_lang": tgt,
+                "valid_split": "valid",
+                "test_split": "valid",
+            },
+            "tokenizer": {"vocab_size": 1000},
+            "train": {
+                "batch_tokens": 4000,
+                "label_smoothing": 0.0,
+                "peak_lr": 0.01,
+                "warmup": 10,
+                "max_steps": steps,
+                "eval_every": steps,
+                "save_every": steps,
+                "eval_sentences": len(pairs),
+                "keep_last": 1,
+            },
+            "decode": {"beam": 1},
+        }
+    )
     run_trainer(cfg)
     return cfg.out_dir / "best"
 
@@ -183,9 +257,10 @@ def test_tiny_en_zh_model_reproduces_32_pairs_exactly(en_zh_model: Path, chinese
 def shell(command: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``command`` in bash, where ``tfm`` is this checkout's CLI (on one thread: the models are tiny)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    script = f"tfm() {{ {shlex.quote(sys.executable)} -m cli \"$@\"; }}\n{command}"
-    return subprocess.run(["bash", "-c", script], input=stdin, env=env, capture_output=True,
-                          encoding="utf-8", timeout=300)
+    script = f'tfm() {{ {shlex.quote(sys.executable)} -m cli "$@"; }}\n{command}'
+    return subprocess.run(
+        ["bash", "-c", script], input=stdin, env=env, capture_output=True, encoding="utf-8", timeout=300
+    )
 
 
 def test_translate_from_the_shell_and_stdin(en_zh_model: Path, zh_en_model: Path) -> None:
@@ -226,24 +301,43 @@ def test_ctrl_c_while_loading_exits_130_without_a_traceback(monkeypatch):
 
 
 def test_absurd_learning_rate_ends_the_cli_run_with_exit_1_and_a_hint(tmp_path):
-    r = CliRunner().invoke(app, ["train", "--config", str(QUICKSTART), "--quiet", *TINY_SETS,
-                                 f"--set=run_dir={tmp_path}", "--set=train.peak_lr=1e30", "--set=train.warmup=1",
-                                 "--set=train.max_bad_steps=3", "--set=train.save_every=1"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--config",
+            str(QUICKSTART),
+            "--quiet",
+            *TINY_SETS,
+            f"--set=run_dir={tmp_path}",
+            "--set=train.peak_lr=1e30",
+            "--set=train.warmup=1",
+            "--set=train.max_bad_steps=3",
+            "--set=train.save_every=1",
+        ],
+    )
     assert r.exit_code == 1, r.output
     assert isinstance(r.exception, SystemExit) and "Traceback" not in r.stderr
-    assert re.search(r"stopped: 3 updates in a row with non-finite loss or gradients at step \d+ "
-                     r"\(last finite loss \d+\.\d{4}, lr \S+, loss scale 1\.0\); lower train.peak_lr", r.stderr)
+    assert re.search(
+        r"stopped: 3 updates in a row with non-finite loss or gradients at step \d+ "
+        r"\(last finite loss \d+\.\d{4}, lr \S+, loss scale 1\.0\); lower train.peak_lr",
+        r.stderr,
+    )
     for path in checkpoint.step_dirs(tmp_path / "quickstart"):
         assert_resumable(path, step_of(path))
 
 
 BAD_CONFIGS = {
-    "unknown-key": (["--set=train.lable_smoothing=0.2"],
-                    "unknown config key 'train.lable_smoothing'; did you mean 'train.label_smoothing'?"),
+    "unknown-key": (
+        ["--set=train.lable_smoothing=0.2"],
+        "unknown config key 'train.lable_smoothing'; did you mean 'train.label_smoothing'?",
+    ),
     "wrong-type": (["--set=model.h=eight"], "model.h: expected int, got 'eight'"),
     "dropout-1.5": (["--set=model.dropout=1.5"], "model.dropout: 1.5 is out of range; it must be in [0, 1)"),
-    "d_model-vs-h": (["--set=model.d_model=30", "--set=model.h=4"],
-                     "model.d_model (30) must be divisible by model.h (4)"),
+    "d_model-vs-h": (
+        ["--set=model.d_model=30", "--set=model.h=4"],
+        "model.d_model (30) must be divisible by model.h (4)",
+    ),
     "missing-data": (["--set=data.path={tmp}/none"], "missing train.de[.gz], train.en[.gz] in {tmp}/none"),
     "fp16-on-cpu": (["--set=precision=fp16"], "precision: fp16 needs a CUDA GPU but the device is cpu"),
     "cuda-without-cuda": (["--set=device=cuda"], "device: cuda but this machine has no CUDA GPU"),

@@ -6,30 +6,53 @@ from __future__ import annotations
 
 import hashlib
 import os
-import stat
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from tiny import SAMPLE
 from typer.testing import CliRunner
 
 from cli.main import app
-from tiny import SAMPLE
 
 EXIT_CODES = {0, 2}
 
 # Places a user may name, each wrong in its own way: relative to a fresh workspace.
-PATHS = ["in.de", "missing.de", "folder", "nofolder/out.en", "exists.en", "out.en", "runs/tiny/checkpoints/step_6",
-         "runs/tiny", "runs/tiny/best", "out_dir", "/dev/full", "/dev/null", "/dev/zero", "runs/tiny/../in.de", "./in.de"]
+PATHS = [
+    "in.de",
+    "missing.de",
+    "folder",
+    "nofolder/out.en",
+    "exists.en",
+    "out.en",
+    "runs/tiny/checkpoints/step_6",
+    "runs/tiny",
+    "runs/tiny/best",
+    "out_dir",
+    "/dev/full",
+    "/dev/null",
+    "/dev/zero",
+    "runs/tiny/../in.de",
+    "./in.de",
+]
 NUMBERS = ["-1", "0", "1", "2", "5", "100000", "x"]
 ALPHAS = ["0", "0.6", "-1", "nan", "inf", "x"]
 DEVICES = ["cpu", "CPU", "gpu", "cuda", "cuda:7", "meta", "auto", ""]
 PRECISIONS = ["fp32", "bf16", "fp16", "fp8", ""]
 DEVICES_NAMED = [p for p in PATHS if p.startswith("/dev/")]  # never to be replaced, whatever the command
-QUICK = ["--set", f"data.path={SAMPLE}", "--set", "train.max_steps=2", "--set", "train.eval_every=2",
-         "--set", "train.eval_sentences=4"]
+QUICK = [
+    "--set",
+    f"data.path={SAMPLE}",
+    "--set",
+    "train.max_steps=2",
+    "--set",
+    "train.eval_every=2",
+    "--set",
+    "train.eval_sentences=4",
+]
 sentences = st.text(st.characters(blacklist_categories=["Cs"]), max_size=30)
 
 
@@ -40,42 +63,97 @@ def option(name: str, values: st.SearchStrategy[str]) -> st.SearchStrategy[list[
 
 def command() -> st.SearchStrategy[list[str]]:
     path = st.sampled_from(PATHS)
-    ckpt = option("--checkpoint", st.sampled_from(["runs/tiny/best", "runs/tiny/checkpoints/step_6", "missing", "in.de"]))
+    ckpt = option(
+        "--checkpoint", st.sampled_from(["runs/tiny/best", "runs/tiny/checkpoints/step_6", "missing", "in.de"])
+    )
     common = [ckpt, option("--device", st.sampled_from(DEVICES)), option("--precision", st.sampled_from(PRECISIONS))]
-    translate = st.tuples(st.just(["translate"]), st.one_of(st.just([]), sentences.map(lambda s: [s])),
-                          option("--input", path), option("--output", path), option("--beam", st.sampled_from(NUMBERS)),
-                          option("--nbest", st.sampled_from(NUMBERS)), option("--batch-tokens", st.sampled_from(NUMBERS)),
-                          option("--alpha", st.sampled_from(ALPHAS)), st.sampled_from([[], ["--greedy"], ["--overwrite"]]),
-                          *common)
-    eval_ = st.tuples(st.just(["eval"]), option("--src", path), option("--ref", path), option("--hyp", path),
-                      option("--beam", st.sampled_from(NUMBERS)), option("--alpha", st.sampled_from(ALPHAS)),
-                      option("--output-dir", path),
-                      option("--data-dir", path), *common)
-    average = st.tuples(st.just(["average"]), st.sampled_from(["runs/tiny", "missing", "in.de"]).map(lambda p: [p]),
-                        option("--last", st.sampled_from(NUMBERS)), option("--output", path),
-                        st.sampled_from([[], ["--overwrite"]]))
-    attention = st.tuples(st.just(["attention"]), sentences.map(lambda s: [s]), option("--layer", st.sampled_from(NUMBERS)),
-                          option("--head", st.sampled_from(NUMBERS + ["all"])), option("--output", path), ckpt,
-                          st.sampled_from([[], ["--overwrite"]]))
-    export = st.tuples(st.just(["export"]), st.sampled_from(["runs/tiny/best", "missing"]).map(lambda p: ["--checkpoint", p]),
-                       st.sampled_from(PATHS).map(lambda p: ["--output", p]), st.sampled_from([[], ["--overwrite"]]))
-    plot = st.tuples(st.just(["plot"]), st.sampled_from(["runs/tiny", "missing", "in.de"]).map(lambda p: [p]),
-                     option("--output", path), st.sampled_from([[], ["--overwrite"]]))
-    settings_ = st.lists(st.sampled_from(["name=q", "name=q", "run_dir=runs", "name=tiny", "name=../x", "name=a/b",
-                                          "run_dir=in.de/sub",
-                                          "run_dir=out_dir", "train.max_steps=0", "train.lerning_rate=1",
-                                          "device=gpu", "precision=fp8", "model.h=3"]), max_size=2)
-    train = st.tuples(st.just(["train"]), st.sampled_from(["quickstart"] * 4 + ["missing.yaml", "in.de", "folder"])
-                      .map(lambda c: ["--config", c, "--quiet", *QUICK]),
-                      settings_.map(lambda sets: [a for v in sets for a in ("--set", v)]),
-                      st.sampled_from([[], ["--resume"], ["--overwrite"], ["--resume", "--overwrite"]]))
+    translate = st.tuples(
+        st.just(["translate"]),
+        st.one_of(st.just([]), sentences.map(lambda s: [s])),
+        option("--input", path),
+        option("--output", path),
+        option("--beam", st.sampled_from(NUMBERS)),
+        option("--nbest", st.sampled_from(NUMBERS)),
+        option("--batch-tokens", st.sampled_from(NUMBERS)),
+        option("--alpha", st.sampled_from(ALPHAS)),
+        st.sampled_from([[], ["--greedy"], ["--overwrite"]]),
+        *common,
+    )
+    eval_ = st.tuples(
+        st.just(["eval"]),
+        option("--src", path),
+        option("--ref", path),
+        option("--hyp", path),
+        option("--beam", st.sampled_from(NUMBERS)),
+        option("--alpha", st.sampled_from(ALPHAS)),
+        option("--output-dir", path),
+        option("--data-dir", path),
+        *common,
+    )
+    average = st.tuples(
+        st.just(["average"]),
+        st.sampled_from(["runs/tiny", "missing", "in.de"]).map(lambda p: [p]),
+        option("--last", st.sampled_from(NUMBERS)),
+        option("--output", path),
+        st.sampled_from([[], ["--overwrite"]]),
+    )
+    attention = st.tuples(
+        st.just(["attention"]),
+        sentences.map(lambda s: [s]),
+        option("--layer", st.sampled_from(NUMBERS)),
+        option("--head", st.sampled_from(NUMBERS + ["all"])),
+        option("--output", path),
+        ckpt,
+        st.sampled_from([[], ["--overwrite"]]),
+    )
+    export = st.tuples(
+        st.just(["export"]),
+        st.sampled_from(["runs/tiny/best", "missing"]).map(lambda p: ["--checkpoint", p]),
+        st.sampled_from(PATHS).map(lambda p: ["--output", p]),
+        st.sampled_from([[], ["--overwrite"]]),
+    )
+    plot = st.tuples(
+        st.just(["plot"]),
+        st.sampled_from(["runs/tiny", "missing", "in.de"]).map(lambda p: [p]),
+        option("--output", path),
+        st.sampled_from([[], ["--overwrite"]]),
+    )
+    settings_ = st.lists(
+        st.sampled_from(
+            [
+                "name=q",
+                "name=q",
+                "run_dir=runs",
+                "name=tiny",
+                "name=../x",
+                "name=a/b",
+                "run_dir=in.de/sub",
+                "run_dir=out_dir",
+                "train.max_steps=0",
+                "train.lerning_rate=1",
+                "device=gpu",
+                "precision=fp8",
+                "model.h=3",
+            ]
+        ),
+        max_size=2,
+    )
+    train = st.tuples(
+        st.just(["train"]),
+        st.sampled_from(["quickstart"] * 4 + ["missing.yaml", "in.de", "folder"]).map(
+            lambda c: ["--config", c, "--quiet", *QUICK]
+        ),
+        settings_.map(lambda sets: [a for v in sets for a in ("--set", v)]),
+        st.sampled_from([[], ["--resume"], ["--overwrite"], ["--resume", "--overwrite"]]),
+    )
     return st.one_of(translate, eval_, average, attention, export, plot, train).map(lambda parts: sum(parts, []))
 
 
 def snapshot(root: Path) -> dict[str, str]:
     """Every file under ``root`` and a hash of its bytes."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in root.rglob("*") if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()
+    }
 
 
 def allowed(args: list[str]) -> list[str]:

@@ -41,7 +41,10 @@ def test_gpu_base_config_is_the_base_model_with_whole_updates_per_batch():
         assert gpu[k] == base[k], k
     how = {"batch_tokens", "accumulate", "static_shapes", "cuda_graphs", "compile", "prefetch"}  # the GPU levers
     assert {k for k in base["train"] if gpu["train"][k] != base["train"][k]} <= how
-    assert gpu["train"]["batch_tokens"] * gpu["train"]["accumulate"] >= base["train"]["batch_tokens"] * base["train"]["accumulate"]
+    assert (
+        gpu["train"]["batch_tokens"] * gpu["train"]["accumulate"]
+        >= base["train"]["batch_tokens"] * base["train"]["accumulate"]
+    )
     assert (gpu["device"], gpu["precision"]) == ("cuda", "auto")
 
 
@@ -50,18 +53,21 @@ def test_unknown_key_suggests_the_right_one(tmp_path):
         config.load(_write(tmp_path, "train:\n  warmpu: 10\n"))
 
 
-@pytest.mark.parametrize("text, pattern", [
-    ("model:\n  dropout: 1.5\n", r"model.dropout: 1.5 is out of range"),
-    ("model:\n  d_model: 100\n  h: 8\n", r"divisible by model.h"),
-    ("model:\n  h: '8'\n", r"model.h: expected int"),
-    ("precision: fp8\n", r"precision: 'fp8' is not one of"),
-    ("model: 3\n", r"model: expected a section"),
-    ("train:\n  betas: [0.9]\n", r"train.betas must be two numbers"),
-    ("data:\n  src_lang: en\n  tgt_lang: en\n", r"pick two languages"),
-    ("compile: true\n", r"compile: true is not read at the top level; .* train.compile: true"),
-    ("train:\n  cuda_graphs: true\n", r"train.cuda_graphs needs train.static_shapes: true"),
-    ("train:\n  prefetch: -1\n", r"train.prefetch: -1 is out of range"),
-])
+@pytest.mark.parametrize(
+    "text, pattern",
+    [
+        ("model:\n  dropout: 1.5\n", r"model.dropout: 1.5 is out of range"),
+        ("model:\n  d_model: 100\n  h: 8\n", r"divisible by model.h"),
+        ("model:\n  h: '8'\n", r"model.h: expected int"),
+        ("precision: fp8\n", r"precision: 'fp8' is not one of"),
+        ("model: 3\n", r"model: expected a section"),
+        ("train:\n  betas: [0.9]\n", r"train.betas must be two numbers"),
+        ("data:\n  src_lang: en\n  tgt_lang: en\n", r"pick two languages"),
+        ("compile: true\n", r"compile: true is not read at the top level; .* train.compile: true"),
+        ("train:\n  cuda_graphs: true\n", r"train.cuda_graphs needs train.static_shapes: true"),
+        ("train:\n  prefetch: -1\n", r"train.prefetch: -1 is out of range"),
+    ],
+)
 def test_bad_values_name_the_key(tmp_path, text, pattern):
     with pytest.raises(ConfigError, match=pattern):
         config.load(_write(tmp_path, text))
@@ -78,8 +84,10 @@ def test_missing_file_is_named(tmp_path):
 
 
 def test_dotted_overrides_are_typed(tmp_path):
-    cfg = config.load(_write(tmp_path, "name: a\n"), ["train.warmup=200", "model.dropout=0.3", "name=b",
-                                                       "train.peak_lr=1e-3", "train.betas=[0.8, 0.9]"])
+    cfg = config.load(
+        _write(tmp_path, "name: a\n"),
+        ["train.warmup=200", "model.dropout=0.3", "name=b", "train.peak_lr=1e-3", "train.betas=[0.8, 0.9]"],
+    )
     assert (cfg.train.warmup, cfg.model.dropout, cfg.name, cfg.train.peak_lr) == (200, 0.3, "b", 1e-3)
     assert cfg.train.betas == [0.8, 0.9]
     with pytest.raises(ConfigError, match="did you mean 'train.warmup'"):
@@ -117,13 +125,34 @@ def test_every_shipped_config_says_what_it_is_for():
 
 def test_the_paper_configs_carry_the_papers_values():
     base, big = config.load("wmt14-base"), config.load("wmt14-big")
-    assert (base.model.N, base.model.d_model, base.model.d_ff, base.model.h, base.model.dropout) == (6, 512, 2048, 8, 0.1)
+    assert (base.model.N, base.model.d_model, base.model.d_ff, base.model.h, base.model.dropout) == (
+        6,
+        512,
+        2048,
+        8,
+        0.1,
+    )
     assert (big.model.N, big.model.d_model, big.model.d_ff, big.model.h, big.model.dropout) == (6, 1024, 4096, 16, 0.3)
-    assert (base.train.max_steps, big.train.max_steps, base.train.keep_last, big.train.keep_last) == (100_000, 300_000, 5, 20)
+    assert (base.train.max_steps, big.train.max_steps, base.train.keep_last, big.train.keep_last) == (
+        100_000,
+        300_000,
+        5,
+        20,
+    )
     for c in (base, big):
-        assert (c.tokenizer.vocab_size, c.train.batch_tokens, c.train.warmup, c.train.label_smoothing) == (37000, 25000, 4000, 0.1)
+        assert (c.tokenizer.vocab_size, c.train.batch_tokens, c.train.warmup, c.train.label_smoothing) == (
+            37000,
+            25000,
+            4000,
+            0.1,
+        )
         assert (c.decode.beam, c.decode.alpha, c.decode.max_len_b, c.precision) == (4, 0.6, 50, "auto")
-        assert (c.data.format, c.data.path, c.data.hf_config, c.data.hf_field) == ("hf", "wmt/wmt14", "de-en", "translation")
+        assert (c.data.format, c.data.path, c.data.hf_config, c.data.hf_field) == (
+            "hf",
+            "wmt/wmt14",
+            "de-en",
+            "translation",
+        )
         assert (c.data.valid_split, c.data.test_split) == ("validation", "test")
 
 
@@ -136,23 +165,36 @@ def test_an_installed_wheel_carries_the_configs(tmp_path):
     for name in ("transformer", "cli", "configs"):
         shutil.copytree(root / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "wheel"), str(src)],
-                   check=True, capture_output=True)
-    wheel = next((tmp_path / "wheel").glob("tfm-*.whl"))
-    subprocess.run([*pip, "install", "--no-deps", "--target", str(tmp_path / "site"), str(wheel)], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "wheel"), str(src)],
+        check=True,
+        capture_output=True,
+    )
+    wheel = next((tmp_path / "wheel").glob("tfm_nmt-*.whl"))
+    subprocess.run(
+        [*pip, "install", "--no-deps", "--target", str(tmp_path / "site"), str(wheel)], check=True, capture_output=True
+    )
     code = "from transformer import config; print(config.find('base'), config.load('wmt14-base').name)"
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={"PYTHONPATH": str(tmp_path / "site")},
-                         capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path / "site")},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert out == [str(tmp_path / "site" / "configs" / "base.yaml"), "wmt14-base"]
 
 
-@pytest.mark.parametrize("key, guess", [
-    ("train.lerning_rate", "did you mean 'train.peak_lr' or 'train.lr_factor'?"),
-    ("train.batch_size", "did you mean 'train.batch_tokens'?"),
-    ("model.num_layers", "did you mean 'model.N'?"),
-    ("decode.beam_size", "did you mean 'decode.beam'?"),
-])
+@pytest.mark.parametrize(
+    "key, guess",
+    [
+        ("train.lerning_rate", "did you mean 'train.peak_lr' or 'train.lr_factor'?"),
+        ("train.batch_size", "did you mean 'train.batch_tokens'?"),
+        ("model.num_layers", "did you mean 'model.N'?"),
+        ("decode.beam_size", "did you mean 'decode.beam'?"),
+    ],
+)
 def test_keys_from_other_toolkits_suggest_the_keys_that_mean_the_same(key, guess):
     with pytest.raises(ConfigError, match=re.escape(f"unknown config key '{key}'; {guess}")):
         config.from_dict({}, [f"{key}=1"])

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-
 from corpus_files import as_pairs, has_cjk, one_line_error, tatoeba_config, text_dir, write_lines
+
 from transformer.config import DataConfig
-from transformer.text.corpus import ArrowColumn, load_split
 from transformer.errors import DataError
+from transformer.text.corpus import ArrowColumn, load_split
 
 
 def test_sample_corpus_ships_with_the_project(sample_cfg: DataConfig) -> None:

@@ -10,8 +10,9 @@ from transformer.model.decoder_state import BufferPool, DecoderState
 
 def state(pool: BufferPool, sentences: int = 2) -> DecoderState:
     """A state for N=1, h=2, S=3, d_k=4 with a small capacity."""
-    return DecoderState(torch.randn(sentences, 1, 2, 2, 3, 4), torch.ones(sentences, 1, 1, 3, dtype=torch.bool),
-                        pool, capacity=4)
+    return DecoderState(
+        torch.randn(sentences, 1, 2, 2, 3, 4), torch.ones(sentences, 1, 1, 3, dtype=torch.bool), pool, capacity=4
+    )
 
 
 def test_pool_lends_the_tightest_fit_and_keeps_the_largest():

@@ -1,14 +1,15 @@
 """Device and precision names: precision: auto per device, unknown names refused."""
 
-import torch
-
 import pytest
+import torch
 
 from transformer.device import check_precision, resolve_device, resolve_precision
 from transformer.errors import ConfigError
 
 
-@pytest.mark.parametrize("capability, precision", [((9, 0), "bf16"), ((8, 0), "bf16"), ((7, 5), "fp16"), ((7, 0), "fp16")])
+@pytest.mark.parametrize(
+    "capability, precision", [((9, 0), "bf16"), ((8, 0), "bf16"), ((7, 5), "fp16"), ((7, 0), "fp16")]
+)
 def test_auto_precision_on_cuda_is_bf16_from_ampere_and_fp16_before(capability, precision, monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     assert resolve_precision("auto", torch.device("cuda")) == precision
@@ -35,12 +36,15 @@ def test_unknown_precision_is_a_config_error():
         check_precision("fp8", torch.device("cpu"))
 
 
-@pytest.mark.parametrize("name, message", [
-    ("gpu", r"device 'gpu' is not one of auto, cpu, cuda, cuda:N, mps \(a GPU is 'cuda'\)"),
-    ("meta", "device 'meta' is not one of"),
-    ("cuda:7", "device 'cuda:7'"),
-    ("cuda:x", "device 'cuda:x'"),
-])
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("gpu", r"device 'gpu' is not one of auto, cpu, cuda, cuda:N, mps \(a GPU is 'cuda'\)"),
+        ("meta", "device 'meta' is not one of"),
+        ("cuda:7", "device 'cuda:7'"),
+        ("cuda:x", "device 'cuda:x'"),
+    ],
+)
 def test_unknown_or_absent_devices_are_config_errors(name, message):
     if name == "cuda:7" and torch.cuda.device_count() > 7:
         pytest.skip("this machine has 8 GPUs")

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from tiny import ROOT, run_trainer, tiny_config
+
 from transformer import checkpoint, config
-from transformer.training import distributed
+from transformer.decoding.translator import Translator
 from transformer.text.batching import collate, encode_corpus, make_batches
 from transformer.text.corpus import load_split
 from transformer.text.tokenizer import train_tokenizer
-from transformer.decoding.translator import Translator
+from transformer.training import distributed
 
 STEPS = 8  # 6 updates per epoch at batch_tokens 1000: crosses the uneven end of epoch 0
 TRAIN = {"batch_tokens": 1000, "max_steps": STEPS, "eval_every": 4, "save_every": 4, "keep_last": 3}
@@ -37,8 +37,9 @@ def _losses(run_dir: Path, key: str = "loss") -> list[float]:
 
 def _torchrun(args: list[str], launcher: list[str]) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, *launcher, *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, *launcher, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -51,8 +52,13 @@ def _config_file(tmp_path: Path, name: str, dropout: float = 0.0) -> Path:
 
 def _translate(ckpt: Path, lines: list[str]) -> list[str]:
     loaded = checkpoint.load(ckpt)
-    translator = Translator(loaded.model, loaded.tokenizer, loaded.cfg.decode, loaded.cfg.model.max_positions,
-                            loaded.model.generator.weight.device)
+    translator = Translator(
+        loaded.model,
+        loaded.tokenizer,
+        loaded.cfg.decode,
+        loaded.cfg.model.max_positions,
+        loaded.model.generator.weight.device,
+    )
     return [t.best for t in translator.translate(lines, beam=1)]
 
 
@@ -82,8 +88,10 @@ def test_two_gloo_ranks_match_one_process_and_resume(tmp_path):
     run_trainer(single)
 
     cfg_file = _config_file(tmp_path, "ddp")
-    _torchrun(["train", f"--config={cfg_file}", "--quiet", "--set=train.max_steps=4"],
-              ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "cli"])
+    _torchrun(
+        ["train", f"--config={cfg_file}", "--quiet", "--set=train.max_steps=4"],
+        ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "cli"],
+    )
     _torchrun(["train", "--nproc=2", f"--config={cfg_file}", "--quiet", "--resume"], ["-m", "cli"])
 
     ddp_run, single_run = tmp_path / "runs" / "ddp", single.out_dir
@@ -92,8 +100,9 @@ def test_two_gloo_ranks_match_one_process_and_resume(tmp_path):
     np.testing.assert_allclose(_losses(ddp_run, "valid_loss"), _losses(single_run, "valid_loss"), rtol=1e-5)
     sentences = list(load_split(single.data, "valid").src[:16])
     final = f"{checkpoint.STEP_PREFIX}{STEPS}"
-    assert _translate(ddp_run / "checkpoints" / final, sentences) == \
-        _translate(single_run / "checkpoints" / final, sentences)
+    assert _translate(ddp_run / "checkpoints" / final, sentences) == _translate(
+        single_run / "checkpoints" / final, sentences
+    )
 
 
 @pytest.mark.slow

@@ -2,10 +2,10 @@
 
 import json
 
+from cli_helpers import one_error_line
 from typer.testing import CliRunner
 
 from cli.main import app
-from cli_helpers import one_error_line
 
 
 def test_eval_refuses_files_of_different_line_counts(tiny_checkpoint, tmp_path):
@@ -16,8 +16,22 @@ def test_eval_refuses_files_of_different_line_counts(tiny_checkpoint, tmp_path):
     assert r.exit_code == 2 and "2 hypotheses but 3 references" in one_error_line(r.stderr)
     src = tmp_path / "src.de"
     src.write_text("Ein Hund.\nDie Frau.\n", encoding="utf-8")
-    r = CliRunner().invoke(app, ["eval", "--checkpoint", str(tiny_checkpoint), "--src", str(src), "--ref", str(ref),
-                                 "--device", "cpu", "--beam", "1"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "--checkpoint",
+            str(tiny_checkpoint),
+            "--src",
+            str(src),
+            "--ref",
+            str(ref),
+            "--device",
+            "cpu",
+            "--beam",
+            "1",
+        ],
+    )
     assert r.exit_code == 2 and "src.de has 2 lines but" in one_error_line(r.stderr)
     assert not (tiny_checkpoint / "eval").exists()
 
@@ -27,8 +41,26 @@ def test_eval_alpha_is_recorded_beside_the_beam(tiny_checkpoint, tmp_path):
     src.write_text("Ein Hund.\nDie Frau.\n", encoding="utf-8")
     ref.write_text("A dog.\nThe woman.\n", encoding="utf-8")
     out = tmp_path / "out"
-    r = CliRunner().invoke(app, ["eval", "--checkpoint", str(tiny_checkpoint), "--src", str(src), "--ref", str(ref),
-                                 "--device", "cpu", "--beam", "2", "--alpha", "1.5", "--output-dir", str(out)])
+    r = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "--checkpoint",
+            str(tiny_checkpoint),
+            "--src",
+            str(src),
+            "--ref",
+            str(ref),
+            "--device",
+            "cpu",
+            "--beam",
+            "2",
+            "--alpha",
+            "1.5",
+            "--output-dir",
+            str(out),
+        ],
+    )
     assert r.exit_code == 0, r.output
     saved = json.loads((out / "src.de.beam2.alpha1.5.json").read_text())
     assert saved["alpha"] == 1.5 and saved["beam"] == 2 and (out / "src.de.beam2.alpha1.5.hyp").is_file()

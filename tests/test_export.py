@@ -8,13 +8,13 @@ import sys
 
 import pytest
 import torch
-
 from tiny import ROOT, tiny_config
+
 from transformer import checkpoint
-from transformer.errors import ExportError
 from transformer.decoding.export import export
-from transformer.model.transformer import build_model
 from transformer.decoding.search import greedy_search
+from transformer.errors import ExportError
+from transformer.model.transformer import build_model
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
@@ -57,10 +57,12 @@ def test_ctranslate2_greedy_matches_tfm(saved, tmp_path):
     translator = ctranslate2.Translator(str(out), device="cpu")
     for line in LINES:
         ids = tok.encode(line)
-        ours = greedy_search(loaded.model, torch.tensor([ids + [tok.end_id]]), tok.start_id, tok.end_id,
-                             max_len_b=10)[0].tokens
-        theirs = translator.translate_batch([_tokens(tok, ids)], beam_size=1,
-                                            max_decoding_length=len(ids) + 1 + 10)[0].hypotheses[0]
+        ours = greedy_search(loaded.model, torch.tensor([ids + [tok.end_id]]), tok.start_id, tok.end_id, max_len_b=10)[
+            0
+        ].tokens
+        theirs = translator.translate_batch([_tokens(tok, ids)], beam_size=1, max_decoding_length=len(ids) + 1 + 10)[
+            0
+        ].hypotheses[0]
         assert _tokens(tok, ours) == theirs
 
 
@@ -80,8 +82,13 @@ def test_tfm_export_command(saved, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
 
     def tfm(*args):
-        return subprocess.run([sys.executable, "-m", "cli", "export", "--checkpoint", str(path), *args],
-                              env=env, capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, "-m", "cli", "export", "--checkpoint", str(path), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     ok = tfm("--output", str(tmp_path / "ct2"))
     assert ok.returncode == 0, ok.stderr

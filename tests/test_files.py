@@ -4,8 +4,8 @@ import os
 import stat
 
 import pytest
-
 from tiny import tiny_config
+
 from transformer import checkpoint
 from transformer.files import atomic_dir, clean_partial
 from transformer.model.transformer import build_model

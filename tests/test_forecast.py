@@ -3,12 +3,15 @@
 import signal
 
 from tiny import run_trainer, tiny_config
+
 from transformer.training.forecast import TIMED_UPDATES, duration, forecast
 
 
 def test_a_run_of_weeks_on_a_cpu_is_said_with_the_cpu_configs():
     note = forecast(31.0, 99_990, "cpu")
-    assert note.startswith("at 31.00 s per update, the 99,990 updates left to train.max_steps would take about 35.9 days")
+    assert note.startswith(
+        "at 31.00 s per update, the 99,990 updates left to train.max_steps would take about 35.9 days"
+    )
     assert "multi30k-de-en" in note
     assert "CPU-sized" not in forecast(2.0, 100_000, "cuda")
     assert forecast(0.5, 100_000, "cpu") is None  # 14 hours: not worth a warning

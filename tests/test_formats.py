@@ -8,11 +8,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-
 from corpus_files import PAIRS, as_pairs, one_line_error, text_dir, write_lines
+
 from transformer.config import DataConfig
-from transformer.text.corpus import load_split
 from transformer.errors import DataError
+from transformer.text.corpus import load_split
 
 
 @pytest.mark.parametrize("ext", ["", ".gz"])
@@ -41,7 +41,9 @@ def test_tsv_columns_give_both_directions_from_one_file(tmp_path: Path) -> None:
 def test_jsonl_plain_and_nested(tmp_path: Path) -> None:
     write_lines(tmp_path / "train.jsonl", [json.dumps({"de": de, "en": en}) for de, en in PAIRS])
     assert as_pairs(load_split(DataConfig(format="jsonl", path=str(tmp_path)), "train")) == PAIRS
-    nested = write_lines(tmp_path / "n.jsonl.gz", [json.dumps({"translation": {"de": de, "en": en}}) for de, en in PAIRS])
+    nested = write_lines(
+        tmp_path / "n.jsonl.gz", [json.dumps({"translation": {"de": de, "en": en}}) for de, en in PAIRS]
+    )
     cfg = DataConfig(format="jsonl", path=str(nested), hf_field="translation")
     assert as_pairs(load_split(cfg, "train")) == PAIRS
 

@@ -6,10 +6,10 @@ import subprocess
 import sys
 
 import pytest
+from tiny import ROOT, SAMPLE
 from typer.testing import CliRunner
 
 from cli.main import app
-from tiny import ROOT, SAMPLE
 
 
 def tfm(*args: str):
@@ -35,7 +35,9 @@ def test_the_output_may_not_be_the_input_however_spelled(tiny_checkpoint, files,
     src, _ = files
     (src.parent / "sub").mkdir(exist_ok=True)
     before = src.read_bytes()
-    result = tfm("translate", "--checkpoint", tiny_checkpoint, "--input", src, "--output", spelling.format(d=src.parent))
+    result = tfm(
+        "translate", "--checkpoint", tiny_checkpoint, "--input", src, "--output", spelling.format(d=src.parent)
+    )
     refused(result, "is the input file")
     assert src.read_bytes() == before
 
@@ -61,19 +63,34 @@ def test_writing_to_a_full_device_and_to_a_closed_stdout_are_one_line(tiny_check
     if os.path.exists("/dev/full"):
         full = subprocess.run([*args, "--output", "/dev/full"], env=env, capture_output=True, text=True)
         assert full.returncode == 2 and full.stderr.startswith("error: cannot write /dev/full: No space left")
-    closed = subprocess.run(args, env=env, stdout=None, stderr=subprocess.PIPE, text=True, close_fds=True,
-                            preexec_fn=lambda: os.close(1))
+    closed = subprocess.run(
+        args, env=env, stdout=None, stderr=subprocess.PIPE, text=True, close_fds=True, preexec_fn=lambda: os.close(1)
+    )
     assert closed.returncode == 2 and "standard output is closed" in closed.stderr
 
 
 def test_too_wide_a_beam_is_refused_before_any_work(tiny_checkpoint):
-    refused(tfm("translate", "Ein Hund.", "--checkpoint", tiny_checkpoint, "--beam", "100000"), "larger than the model's vocabulary")
+    refused(
+        tfm("translate", "Ein Hund.", "--checkpoint", tiny_checkpoint, "--beam", "100000"),
+        "larger than the model's vocabulary",
+    )
 
 
 def test_eval_prints_the_scores_before_a_report_that_cannot_be_written(tiny_checkpoint, tmp_path):
     (tmp_path / "report" / "valid.de.beam1.hyp").mkdir(parents=True)  # a folder where the report's file goes
-    result = tfm("eval", "--checkpoint", tiny_checkpoint, "--src", SAMPLE / "valid.de", "--ref", SAMPLE / "valid.en",
-                 "--beam", "1", "--output-dir", tmp_path / "report")
+    result = tfm(
+        "eval",
+        "--checkpoint",
+        tiny_checkpoint,
+        "--src",
+        SAMPLE / "valid.de",
+        "--ref",
+        SAMPLE / "valid.en",
+        "--beam",
+        "1",
+        "--output-dir",
+        tmp_path / "report",
+    )
     assert result.exit_code == 2
     assert result.stdout.startswith("BLEU = ") and "the scores above are complete" in result.stderr
 

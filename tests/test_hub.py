@@ -7,11 +7,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-
 from corpus_files import PAIRS, as_pairs, one_line_error
+
 from transformer.config import DataConfig
-from transformer.text.corpus import ArrowColumn, load_split
 from transformer.errors import DataError
+from transformer.text.corpus import ArrowColumn, load_split
 
 
 @pytest.fixture

@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from corpus_files import one_line_error
-from transformer.text import multi30k
+
 from transformer.config import DataConfig
-from transformer.text.corpus import Corpus, load_split
 from transformer.errors import DataError
+from transformer.text import multi30k
+from transformer.text.corpus import Corpus, load_split
 
 
 def test_multi30k_splits(multi30k_train: Corpus, multi30k_val: Corpus, multi30k_cfg: DataConfig) -> None:

@@ -4,12 +4,11 @@ leaves no more shapes than no rounding, and the coverage counts stay within the 
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 import pytest
+from tiny import tiny_config
 
 from bench.padding import PAD_MULTIPLES, encoded, measure, shapes_covering
-from tiny import tiny_config
 from transformer.text.batching import EncodedCorpus
 
 
@@ -25,7 +24,9 @@ def test_coverage_counts_the_most_frequent_shapes() -> None:
 
 
 @pytest.mark.parametrize("batch_tokens", [300, 1000])
-def test_static_rows_add_padding_and_coarse_rounding_merges_shapes(sample_ids: EncodedCorpus, batch_tokens: int) -> None:
+def test_static_rows_add_padding_and_coarse_rounding_merges_shapes(
+    sample_ids: EncodedCorpus, batch_tokens: int
+) -> None:
     rows = {m: measure(sample_ids, batch_tokens, m) for m in PAD_MULTIPLES}
     for r in rows.values():
         assert 0 <= r["padding"] <= r["static_padding"] < 1

@@ -12,13 +12,13 @@ from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
+from tiny import tiny_config
 from typer.testing import CliRunner
 
 from cli.main import app
-from tiny import tiny_config
 from transformer import checkpoint, plots
-from transformer.text.corpus import load_split
 from transformer.model.transformer import build_model
+from transformer.text.corpus import load_split
 from transformer.text.tokenizer import train_tokenizer
 
 needs_matplotlib = pytest.mark.skipif(find_spec("matplotlib") is None, reason="matplotlib not installed (tfm[plot])")
@@ -57,8 +57,10 @@ def test_landmarks_are_the_last_validation_by_20_minutes_and_the_best():
     train = [{"step": s, "kind": "train", "elapsed_s": 60.0 * s} for s in range(10, 70, 10)]  # one step a minute
     valid = [{"step": s, "kind": "valid", "valid_bleu": b} for s, b in ((15, 10.0), (20, 20.0), (40, 35.0), (60, 33.0))]
     marks = plots.landmarks({"train": train, "valid": valid})
-    assert marks == {"best": {"step": 40, "minutes": 40.0, "bleu": 35.0},
-                     "20 min": {"step": 20, "minutes": 20.0, "bleu": 20.0}}
+    assert marks == {
+        "best": {"step": 40, "minutes": 40.0, "bleu": 35.0},
+        "20 min": {"step": 20, "minutes": 20.0, "bleu": 20.0},
+    }
     assert list(plots.landmarks({"train": train[:1], "valid": valid[:2]})) == []  # no clock from one entry
     short = [{"step": s, "kind": "train", "elapsed_s": 50.0 * s} for s in (10, 20)]  # ends at minute 16.7
     assert list(plots.landmarks({"train": short, "valid": valid[:2]})) == ["best"]
@@ -82,8 +84,23 @@ def test_attention_one_head_and_all_heads(ckpt, tmp_path):
 def test_cli_attention_and_plot(ckpt, tmp_path):
     cli = CliRunner()
     out = tmp_path / "self.png"
-    r = cli.invoke(app, ["attention", SENTENCE, "--checkpoint", str(ckpt), "--layer", "1", "--head", "2",
-                         "--self", "decoder", "--output", str(out)])
+    r = cli.invoke(
+        app,
+        [
+            "attention",
+            SENTENCE,
+            "--checkpoint",
+            str(ckpt),
+            "--layer",
+            "1",
+            "--head",
+            "2",
+            "--self",
+            "decoder",
+            "--output",
+            str(out),
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert png_size(out) == plots.PANEL_SIZE
     r = cli.invoke(app, ["attention", SENTENCE, "--checkpoint", str(ckpt), "--layer", "2"])
@@ -103,8 +120,9 @@ def test_missing_matplotlib_is_one_clear_error(ckpt, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import now raises ImportError
     r = CliRunner().invoke(app, ["attention", SENTENCE, "--checkpoint", str(ckpt), "--output", str(tmp_path / "a.png")])
     assert r.exit_code == 2
-    assert r.output.strip().splitlines()[-1] == ("error: drawing needs matplotlib, which is not installed; "
-                                                 "pip install matplotlib")
+    assert r.output.strip().splitlines()[-1] == (
+        "error: drawing needs matplotlib, which is not installed; pip install matplotlib"
+    )
 
 
 @needs_matplotlib
@@ -120,7 +138,10 @@ def test_validation_bleu_gets_a_minutes_axis_with_the_20th_minute_marked():
     plots._minutes_axis(short, {"train": train[:2], "valid": []})  # 10 minutes in all: no 20th minute to mark
     assert short.get_lines() == [] and len(short.child_axes) == 1
     labelled = Figure().subplots()
-    plots._minutes_axis(labelled, {"train": train, "valid": [{"step": 200, "valid_bleu": 9.0},
-                                                             {"step": 400, "valid_bleu": 12.5}]})
-    assert sorted(t.get_text() for t in labelled.texts) == ["20 min: BLEU 9.0 at minute 20",
-                                                                 "best: BLEU 12.5 at minute 40"]
+    plots._minutes_axis(
+        labelled, {"train": train, "valid": [{"step": 200, "valid_bleu": 9.0}, {"step": 400, "valid_bleu": 12.5}]}
+    )
+    assert sorted(t.get_text() for t in labelled.texts) == [
+        "20 min: BLEU 9.0 at minute 20",
+        "best: BLEU 12.5 at minute 40",
+    ]

@@ -10,8 +10,8 @@ from contextlib import closing
 
 import pytest
 import torch
-
 from tiny import run_trainer, tiny_config
+
 from transformer import checkpoint
 from transformer.training import trainer as train_module
 from transformer.training.prefetch import ahead
@@ -138,7 +138,8 @@ def _watch_collation(monkeypatch) -> list[tuple[int, str]]:
 
 
 def test_training_with_prefetch_logs_the_same_losses(tmp_path, monkeypatch):
-    """38 updates (the sample's epoch is 35 batches of 300 tokens: an epoch boundary in between), validated on the way."""
+    """38 updates (the sample's epoch is 35 batches of 300 tokens: an epoch boundary in between), validated on the
+    way."""
     train = {"max_steps": 38, "eval_every": 20, "save_every": 1000}
     runs, seen = {}, _watch_collation(monkeypatch)
     for prefetch in (0, 2):

@@ -7,10 +7,18 @@ import sys
 
 import pytest
 import torch
-
 from tiny import ROOT
-from transformer.process import (ONEDNN_CACHE_KEYS, OMP_KEYS, PRIMITIVE_CACHE_CAPACITY, SHARED_CPU, SMALL_DECODE_ROWS,
-                                 configure_openmp, decoding_threads, on_glibc)
+
+from transformer.process import (
+    OMP_KEYS,
+    ONEDNN_CACHE_KEYS,
+    PRIMITIVE_CACHE_CAPACITY,
+    SHARED_CPU,
+    SMALL_DECODE_ROWS,
+    configure_openmp,
+    decoding_threads,
+    on_glibc,
+)
 
 
 def fresh(code: str, **env: str) -> str:
@@ -18,13 +26,24 @@ def fresh(code: str, **env: str) -> str:
     variables."""
     ours = (SHARED_CPU, *OMP_KEYS, *ONEDNN_CACHE_KEYS, "GLIBC_TUNABLES", "ONEDNN_VERBOSE")
     clean = {k: v for k, v in os.environ.items() if k not in ours and not k.startswith("MALLOC_")}
-    return subprocess.run([sys.executable, "-c", code], env={**clean, "PYTHONPATH": str(ROOT), **env},
-                          capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env={**clean, "PYTHONPATH": str(ROOT), **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
 
 
-@pytest.mark.parametrize("env, spin", [({}, "None"), ({SHARED_CPU: "1"}, "10000"),
-                                       ({SHARED_CPU: "1", "GOMP_SPINCOUNT": "5"}, "5"),
-                                       ({SHARED_CPU: "1", "OMP_WAIT_POLICY": "PASSIVE"}, "None")])
+@pytest.mark.parametrize(
+    "env, spin",
+    [
+        ({}, "None"),
+        ({SHARED_CPU: "1"}, "10000"),
+        ({SHARED_CPU: "1", "GOMP_SPINCOUNT": "5"}, "5"),
+        ({SHARED_CPU: "1", "OMP_WAIT_POLICY": "PASSIVE"}, "None"),
+    ],
+)
 def test_openmp_spins_briefly_only_on_a_shared_cpu_and_never_over_the_users_choice(monkeypatch, env, spin):
     for key in (SHARED_CPU, *OMP_KEYS):
         monkeypatch.delenv(key, raising=False)
@@ -40,9 +59,14 @@ def test_the_cli_sets_openmp_before_torch_loads():
     assert fresh(code) == "None False"
 
 
-@pytest.mark.parametrize("env, capacity", [({}, PRIMITIVE_CACHE_CAPACITY),
-                                           ({"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64"}, "64"),
-                                           ({"DNNL_PRIMITIVE_CACHE_CAPACITY": "64"}, "None")])
+@pytest.mark.parametrize(
+    "env, capacity",
+    [
+        ({}, PRIMITIVE_CACHE_CAPACITY),
+        ({"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64"}, "64"),
+        ({"DNNL_PRIMITIVE_CACHE_CAPACITY": "64"}, "None"),
+    ],
+)
 def test_the_cli_sizes_onednns_cache_before_torch_loads_unless_the_user_did(env, capacity):
     code = "import os, sys, cli.main; print(os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY'), 'torch' in sys.modules)"
     assert fresh(code, **env) == f"{capacity} False"
@@ -68,8 +92,15 @@ def test_bf16_matmuls_of_1200_shapes_stay_in_onednns_cache():
     assert "primitive,create:cache_hit" in out.split("again", 1)[1]
 
 
-@pytest.mark.parametrize("shared, rows, device, threads", [
-    ("1", SMALL_DECODE_ROWS - 1, "cpu", 1), ("1", SMALL_DECODE_ROWS, "cpu", 2), ("1", 1, "cuda", 2), ("", 1, "cpu", 2)])
+@pytest.mark.parametrize(
+    "shared, rows, device, threads",
+    [
+        ("1", SMALL_DECODE_ROWS - 1, "cpu", 1),
+        ("1", SMALL_DECODE_ROWS, "cpu", 2),
+        ("1", 1, "cuda", 2),
+        ("", 1, "cpu", 2),
+    ],
+)
 def test_small_batches_decode_on_one_thread_only_on_a_shared_cpu(monkeypatch, shared, rows, device, threads):
     monkeypatch.setenv(SHARED_CPU, shared)
     before = torch.get_num_threads()

@@ -3,19 +3,50 @@
 from __future__ import annotations
 
 import pytest
-
-from bench.recipe_search import main
 from tiny import SAMPLE
 
-QUICK = ["--set", "train.max_steps=3", "--set", "train.eval_every=1", "--set", "train.save_every=1",
-         "--set", "train.keep_last=3", "--set", "train.eval_sentences=8"]
+from bench.recipe_search import main
+
+QUICK = [
+    "--set",
+    "train.max_steps=3",
+    "--set",
+    "train.eval_every=1",
+    "--set",
+    "train.save_every=1",
+    "--set",
+    "train.keep_last=3",
+    "--set",
+    "train.eval_sentences=8",
+]
 
 
 def test_variants_are_compared_on_val_and_only_the_chosen_one_is_tested(tmp_path):
     runs = tmp_path / "runs"
-    result = main(["--config", "quickstart", "--data", str(SAMPLE), "--device", "cpu", "--minutes", "2",
-                   "--runs", str(runs), "--variant", "plain", "--variant", "dropout0 model.dropout=0.0",
-                   "--variant", "typo train.lerning_rate=1", "--test", "--json", str(tmp_path / "r.json"), *QUICK])
+    result = main(
+        [
+            "--config",
+            "quickstart",
+            "--data",
+            str(SAMPLE),
+            "--device",
+            "cpu",
+            "--minutes",
+            "2",
+            "--runs",
+            str(runs),
+            "--variant",
+            "plain",
+            "--variant",
+            "dropout0 model.dropout=0.0",
+            "--variant",
+            "typo train.lerning_rate=1",
+            "--test",
+            "--json",
+            str(tmp_path / "r.json"),
+            *QUICK,
+        ]
+    )
     plain, dropout0, typo = (result["runs"][n] for n in ("plain", "dropout0", "typo"))
     assert typo["exit_code"] == 2 and "val" not in typo
     assert plain["updates"] == dropout0["updates"] == 3 and dropout0["set"] == ["model.dropout=0.0"]
@@ -24,8 +55,9 @@ def test_variants_are_compared_on_val_and_only_the_chosen_one_is_tested(tmp_path
     chosen = result["chosen_on_val"]
     assert scores[(chosen["run"], chosen["checkpoint"])] == max(scores.values())
     assert 0 <= chosen["test"]["bleu"] <= 100
-    assert [p.relative_to(runs).as_posix() for p in runs.glob("*/eval-*-test")] == \
-        [f"{chosen['run']}/eval-{chosen['checkpoint']}-test"]
+    assert [p.relative_to(runs).as_posix() for p in runs.glob("*/eval-*-test")] == [
+        f"{chosen['run']}/eval-{chosen['checkpoint']}-test"
+    ]
     assert (tmp_path / "r.json").is_file()
 
 

@@ -1,11 +1,12 @@
-"""The run directory: --overwrite and --resume, damaged checkpoints set aside, a changed model refused, kill -9 repaired."""
+"""The run directory: --overwrite and --resume, damaged checkpoints set aside, a changed model refused, kill -9
+repaired."""
 
 import signal
 
 import pytest
-
 from cli_helpers import last_step, run_of, train
 from tiny import run_trainer, step_of, tiny_config
+
 from transformer import checkpoint, config
 from transformer.errors import TrainError
 

@@ -9,7 +9,7 @@ from transformer.training.schedule import learning_rate
 def test_paper_schedule_peaks_at_warmup():
     t = TrainConfig(warmup=4000, lr_factor=1.0)
     peak = learning_rate(4000, t, 512)
-    assert peak == pytest.approx(512 ** -0.5 * 4000 ** -0.5)
+    assert peak == pytest.approx(512**-0.5 * 4000**-0.5)
     assert learning_rate(2000, t, 512) == pytest.approx(peak / 2)
     assert learning_rate(16000, t, 512) == pytest.approx(peak / 2)
 

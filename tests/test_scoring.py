@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 import sacrebleu
-
 from corpus_files import tatoeba_config
-from transformer.errors import EvalError
+
 from transformer.decoding.scoring import bleu_tokenizer, score
+from transformer.errors import EvalError
 
 
 def test_same_as_sacrebleu_and_signature_printed():

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from transformer.model.transformer import Transformer
 from transformer.decoding.search import beam_search, greedy_search, length_penalty, max_output_lengths
+from transformer.model.transformer import Transformer
 
 PAD, START, END, A, B = 0, 1, 2, 3, 4
 
@@ -43,9 +43,7 @@ class FixedState:
 
 
 #         PAD  START  END  A     B
-STEPS = [[0.0, 0.0, 0.1, 0.6, 0.3],
-         [0.0, 0.0, 0.4, 0.35, 0.25],
-         [0.0, 0.0, 0.9, 0.05, 0.05]]
+STEPS = [[0.0, 0.0, 0.1, 0.6, 0.3], [0.0, 0.0, 0.4, 0.35, 0.25], [0.0, 0.0, 0.9, 0.05, 0.05]]
 SRC = torch.tensor([[A, B, A]])
 
 
@@ -71,8 +69,7 @@ def test_sentence_stops_once_no_live_beam_can_win():
     """Beam 2, alpha 0: 'A END' (0.45) finishes at step 1 while the best live beam 'A A' has 0.441 and can
     only fall, so the search stops after 2 steps instead of waiting for a second finished hypothesis."""
     #          PAD  START  END   A     B
-    steps = [[0.0, 0.0, 0.04, 0.9, 0.06],
-             [0.0, 0.0, 0.5, 0.49, 0.01]]
+    steps = [[0.0, 0.0, 0.04, 0.9, 0.06], [0.0, 0.0, 0.5, 0.49, 0.01]]
     model = FixedModel(steps)
     calls = []
     decode_step = model.decode_step

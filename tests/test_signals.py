@@ -8,9 +8,9 @@ import signal
 from itertools import count
 
 import pytest
-
 from cli_helpers import Proc, last_step, run_of, train, train_steps
 from tiny import assert_resumable, run_trainer, step_of, tiny_config
+
 from transformer import checkpoint
 from transformer.training.signals import StopSignals
 from transformer.training.update import Updater
@@ -73,7 +73,8 @@ def test_the_previous_handlers_return_after_the_block_even_on_an_error():
 
 
 def test_ctrl_c_during_set_up_exits_130_and_a_plain_rerun_starts_afresh(tmp_path):
-    """A signal while the data load (or tokenizer training) runs: no traceback, no update, nothing that blocks a rerun."""
+    """A signal while the data load (or tokenizer training) runs: no traceback, no update, nothing that blocks a
+    rerun."""
     cfg = tiny_config(tmp_path)
     messages: list[str] = []
     before = signal.getsignal(signal.SIGINT)

@@ -7,17 +7,23 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from corpus_files import TRADITIONAL_EMOJI, has_cjk, tatoeba_config
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corpus_files import TRADITIONAL_EMOJI, has_cjk, tatoeba_config
 from transformer.config import DataConfig, TokenizerConfig
-from transformer.text.corpus import Corpus, load_split
 from transformer.errors import ConfigError, DataError
+from transformer.text.corpus import Corpus, load_split
 from transformer.text.tokenizer import Tokenizer, train_tokenizer
 
-MIXED = ["所有人，都请说 cheese 。", "我有3个iPhone手机，你呢？", "Tom 最喜欢我。",
-         "我叫 Mary Smith，今年 25 岁。", "他是一个 DJ 。", "“看啊！” 她说道。"]
+MIXED = [
+    "所有人，都请说 cheese 。",
+    "我有3个iPhone手机，你呢？",
+    "Tom 最喜欢我。",
+    "我叫 Mary Smith，今年 25 岁。",
+    "他是一个 DJ 。",
+    "“看啊！” 她说道。",
+]
 FULL_WIDTH = "（你好）！？：；，。、「」『』《》“”‘’…—～％＃＠１２３ＡＢＣ"
 
 
@@ -140,8 +146,11 @@ def test_round_trip_with_few_merges_spells_rare_characters_in_bytes(chinese: lis
 
 def test_decoding_chinese_tokens_inserts_no_spaces(tatoeba_tokenizer: Tokenizer) -> None:
     """Any sequence of Chinese tokens a model may emit (bytes of rare characters included) decodes unspaced."""
-    pieces = [i for i in range(tatoeba_tokenizer.vocab_size)
-              if (tok := tatoeba_tokenizer.id_to_token(i)) and "▁" not in tok and has_cjk(tok) and " " not in tok]
+    pieces = [
+        i
+        for i in range(tatoeba_tokenizer.vocab_size)
+        if (tok := tatoeba_tokenizer.id_to_token(i)) and "▁" not in tok and has_cjk(tok) and " " not in tok
+    ]
     assert len(pieces) > 1000
     rare = tatoeba_tokenizer.encode("𪚥")[1:]  # the bytes of a character outside the vocabulary, without the leading ▁
     rng = np.random.default_rng(0)

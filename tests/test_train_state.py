@@ -10,8 +10,7 @@ def _optimizer():
 
 
 def test_restore_gives_back_what_capture_saved():
-    state = TrainState(step=7, epoch=1, last_finite_loss=2.5, elapsed=30.0, valid_s=4.0, save_s=1.0,
-                       target_tokens=900)
+    state = TrainState(step=7, epoch=1, last_finite_loss=2.5, elapsed=30.0, valid_s=4.0, save_s=1.0, target_tokens=900)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     assert restore(capture(state, _optimizer(), scaler), _optimizer(), scaler) == state
 

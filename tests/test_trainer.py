@@ -1,17 +1,18 @@
-"""The training loop: it trains, keeps the best and the last checkpoints, resumes exactly and stops for the right reason."""
+"""The training loop: it trains, keeps the best and the last checkpoints, resumes exactly and stops for the right
+reason."""
 
 import json
 import math
 import re
-import time
 from itertools import count
 
 import pytest
 import torch
-
 from tiny import run_trainer, step_of, tiny_config
+
 from transformer import checkpoint
-from transformer.training import meter, trainer as train, update, validation
+from transformer.training import meter, update, validation
+from transformer.training import trainer as train
 from transformer.training.update import Updater
 
 
@@ -27,14 +28,15 @@ def test_trains_and_writes_run_directory(tiny_run):
     assert [p.name for p in checkpoint.step_dirs(run)] == ["step_3", "step_6"]
     assert (run / "best" / "model.safetensors").is_file()
     losses = _losses(run)
-    assert len(losses) == 6 and all(l == l for l in losses)
-    kinds = [json.loads(l)["kind"] for l in (run / "log.jsonl").read_text().splitlines()]
+    assert len(losses) == 6 and all(x == x for x in losses)
+    kinds = [json.loads(line)["kind"] for line in (run / "log.jsonl").read_text().splitlines()]
     assert kinds.count("valid") == 2
 
 
 def test_loss_goes_down(tmp_path):
-    cfg = tiny_config(tmp_path, train={"max_steps": 40, "eval_every": 40, "save_every": 40, "peak_lr": 3e-3},
-                      model={"dropout": 0.0})
+    cfg = tiny_config(
+        tmp_path, train={"max_steps": 40, "eval_every": 40, "save_every": 40, "peak_lr": 3e-3}, model={"dropout": 0.0}
+    )
     run_trainer(cfg)
     losses = _losses(cfg.out_dir)
     assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5
@@ -71,8 +73,9 @@ def test_non_finite_updates_are_skipped_counted_and_stop_training_with_a_diagnos
         return (loss * math.nan, nll) if next(calls) in bad else (loss, nll)
 
     monkeypatch.setattr(Updater, "micro_loss", poisoned)
-    cfg = tiny_config(tmp_path, train={"max_steps": 50, "save_every": 2, "max_bad_steps": 3, "keep_last": 5,
-                                       "eval_every": 1000})
+    cfg = tiny_config(
+        tmp_path, train={"max_steps": 50, "save_every": 2, "max_bad_steps": 3, "keep_last": 5, "eval_every": 1000}
+    )
     messages: list[str] = []
     trainer = train.Trainer(cfg, quiet=True, log=messages.append)
     result = trainer.run()
@@ -83,8 +86,11 @@ def test_non_finite_updates_are_skipped_counted_and_stop_training_with_a_diagnos
     assert sorted(logged) == [1, 2, 4]  # skipped updates are not logged as if they had happened
     assert logged[4]["skipped_steps"] == 1
     diagnosis = next(m for m in messages if m.startswith("stopped:"))
-    assert re.search(rf"3 updates in a row .* at step 7 \(last finite loss {logged[4]['loss']:.4f}, "
-                     r"lr \d\.\d\de-\d\d, loss scale 1\.0\)", diagnosis), diagnosis
+    assert re.search(
+        rf"3 updates in a row .* at step 7 \(last finite loss {logged[4]['loss']:.4f}, "
+        r"lr \d\.\d\de-\d\d, loss scale 1\.0\)",
+        diagnosis,
+    ), diagnosis
     assert "lower train.peak_lr" in diagnosis and "Checkpoints before this point are intact" in diagnosis
 
     # Skipped updates changed nothing: the weights at the stop are those after update 4, which step_4 and
@@ -118,15 +124,17 @@ def test_training_on_cuda_picks_attention_kernels_per_batch(tmp_path, monkeypatc
 
     def watched(*args, **kwargs):
         model = build(*args, **kwargs)
-        model.register_forward_pre_hook(lambda module, inputs: seen.append(
-            (cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled())))
+        model.register_forward_pre_hook(
+            lambda module, inputs: seen.append(
+                (cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled())
+            )
+        )
         return model
 
     monkeypatch.setattr(train, "build_model", watched)
     run_trainer(tiny_config(tmp_path, train={"max_steps": 2, "eval_every": 2}))
     assert len(seen) >= 3 and set(seen) == {(False, False, True)}
     assert cuda.cudnn_sdp_enabled() and cuda.flash_sdp_enabled()
-
 
 
 def test_run_ends_with_where_its_time_went(tmp_path):
@@ -141,8 +149,11 @@ def test_run_ends_with_where_its_time_went(tmp_path):
     assert math.isclose(end["train_s"] + end["valid_s"] + end["save_s"], end["seconds"])
     valid = [e for e in log if e["kind"] == "valid"]
     assert math.isclose(sum(e["valid_s"] for e in valid), end["valid_s"])
-    assert re.fullmatch(r"time: [\d.]+ min: training [\d.]+ min \(\d+%\), validation [\d.]+ min \(\d+%\), "
-                        r"checkpoints [\d.]+ min \(\d+%\)", messages[-1])
+    assert re.fullmatch(
+        r"time: [\d.]+ min: training [\d.]+ min \(\d+%\), validation [\d.]+ min \(\d+%\), "
+        r"checkpoints [\d.]+ min \(\d+%\)",
+        messages[-1],
+    )
 
 
 class HandClock:

@@ -68,12 +68,24 @@ def oracle_from(model: Transformer, norm_first: bool) -> tuple[nn.Module, nn.Mod
     """nn.TransformerEncoder/Decoder (ReLU, dropout 0) holding a copy of model's layer weights."""
     d, N, h, d_ff = SMALL["d_model"], SMALL["N"], SMALL["h"], SMALL["d_ff"]
     kw = dict(dropout=0.0, batch_first=True, norm_first=norm_first)
-    encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(d, h, d_ff, **kw), N,
-                                    norm=nn.LayerNorm(d) if norm_first else None, enable_nested_tensor=False)
-    decoder = nn.TransformerDecoder(nn.TransformerDecoderLayer(d, h, d_ff, **kw), N,
-                                    norm=nn.LayerNorm(d) if norm_first else None)
-    renames = [("cross_attn", "multihead_attn"), ("in_proj.", "in_proj_"), ("ff.w_1", "linear1"),
-               ("ff.w_2", "linear2"), ("norms.0", "norm1"), ("norms.1", "norm2"), ("norms.2", "norm3")]
+    encoder = nn.TransformerEncoder(
+        nn.TransformerEncoderLayer(d, h, d_ff, **kw),
+        N,
+        norm=nn.LayerNorm(d) if norm_first else None,
+        enable_nested_tensor=False,
+    )
+    decoder = nn.TransformerDecoder(
+        nn.TransformerDecoderLayer(d, h, d_ff, **kw), N, norm=nn.LayerNorm(d) if norm_first else None
+    )
+    renames = [
+        ("cross_attn", "multihead_attn"),
+        ("in_proj.", "in_proj_"),
+        ("ff.w_1", "linear1"),
+        ("ff.w_2", "linear2"),
+        ("norms.0", "norm1"),
+        ("norms.1", "norm2"),
+        ("norms.2", "norm3"),
+    ]
     for ours, theirs in ((model.encoder, encoder), (model.decoder, decoder)):
         state = {}
         for name, tensor in ours.state_dict().items():
@@ -227,8 +239,10 @@ def test_teacher_forced_log_prob_is_sum_of_step_log_probs():
     with torch.no_grad():
         forced = model(src, tgt_in).log_softmax(-1).gather(2, tgt_out[..., None]).sum((1, 2))
         state = model.start_state(*model.encode(src))
-        stepwise = sum(model.decode_step(tgt_in[:, t], state).log_softmax(-1).gather(1, tgt_out[:, t, None])[:, 0]
-                       for t in range(tgt_in.size(1)))
+        stepwise = sum(
+            model.decode_step(tgt_in[:, t], state).log_softmax(-1).gather(1, tgt_out[:, t, None])[:, 0]
+            for t in range(tgt_in.size(1))
+        )
     torch.testing.assert_close(stepwise, forced, atol=1e-5, rtol=0)
 
 

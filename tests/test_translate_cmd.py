@@ -1,4 +1,5 @@
-"""`tfm translate` (cli/translate_cmd.py): one output line per input line whatever the bytes, Ctrl-C keeps complete lines.
+"""`tfm translate` (cli/translate_cmd.py): one output line per input line whatever the bytes, Ctrl-C keeps complete
+lines.
 
 Bad input goes through the real Typer app in-process (``CliRunner``), the same code as the command line
 minus the interpreter start-up; Ctrl-C is a real SIGINT sent to a `python -m cli translate` subprocess.
@@ -11,13 +12,13 @@ import subprocess
 
 import pytest
 import torch
+from cli_helpers import Proc, one_error_line
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from cli.main import app
 from cli.translate_cmd import run_translate
-from cli_helpers import Proc, one_error_line
 from transformer import checkpoint
 from transformer.decoding.translator import Translator
 
@@ -31,8 +32,11 @@ def _translate(ckpt, *args: str):
 def test_ctrl_c_during_translate_output_leaves_only_complete_lines(tiny_checkpoint, tmp_path):
     """Lines come from a pipe left open, so translation cannot end before the SIGINT, however fast it runs."""
     out, fed = tmp_path / "out.en", 2000
-    proc = Proc(["translate", "--checkpoint", str(tiny_checkpoint), "--device", "cpu", "--greedy",
-                 "--output", str(out)], tmp_path / "translate.err", stdin=subprocess.PIPE)
+    proc = Proc(
+        ["translate", "--checkpoint", str(tiny_checkpoint), "--device", "cpu", "--greedy", "--output", str(out)],
+        tmp_path / "translate.err",
+        stdin=subprocess.PIPE,
+    )
     proc.p.stdin.write(f"{SENTENCE}\n".encode() * fed)
     proc.p.stdin.flush()
     proc.wait_for(lambda: out.is_file() and out.stat().st_size > 0, "the first translations")
@@ -43,8 +47,9 @@ def test_ctrl_c_during_translate_output_leaves_only_complete_lines(tiny_checkpoi
     text = out.read_text(encoding="utf-8")
     assert text.endswith("\n") and 0 < written <= fed and text.count("\n") == written
     loaded = checkpoint.load(tiny_checkpoint)
-    translator = Translator(loaded.model, loaded.tokenizer, loaded.cfg.decode, loaded.cfg.model.max_positions,
-                            torch.device("cpu"))
+    translator = Translator(
+        loaded.model, loaded.tokenizer, loaded.cfg.decode, loaded.cfg.model.max_positions, torch.device("cpu")
+    )
     expected = {t.best for t in translator.translate_chunk([SENTENCE] * 1000, beam=1)}
     assert set(text.splitlines()) <= expected
 
@@ -77,8 +82,7 @@ def test_empty_input_gives_empty_output_and_exit_0(tiny_checkpoint, tmp_path, co
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.one_of(st.binary(max_size=25), st.text(max_size=25).map(lambda s: s.encode("utf-8"))),
-                max_size=6))
+@given(st.lists(st.one_of(st.binary(max_size=25), st.text(max_size=25).map(lambda s: s.encode("utf-8"))), max_size=6))
 def test_any_bytes_file_gives_one_output_line_per_input_line(tiny_checkpoint, tmp_path, rows):
     """Arbitrary bytes (invalid UTF-8, NUL, CR, U+2028, BOM...) split only on b'\\n': one output line each."""
     rows = [row.replace(b"\n", b" ") for row in rows]
@@ -90,12 +94,30 @@ def test_any_bytes_file_gives_one_output_line_per_input_line(tiny_checkpoint, tm
 
 
 def test_alpha_sets_the_length_penalty_of_nbest_scores(tiny_checkpoint):
-    """Scores are log-probabilities divided by ((5 + len) / 6) ** alpha: alpha 0 leaves them raw, alpha 2 shrinks them."""
+    """Scores are log-probabilities divided by ((5 + len) / 6) ** alpha: alpha 0 leaves them raw, alpha 2 shrinks
+    them."""
+
     def scores(alpha: str) -> list[float]:
-        r = CliRunner().invoke(app, ["translate", SENTENCE, "--checkpoint", str(tiny_checkpoint), "--device", "cpu",
-                                     "--beam", "4", "--nbest", "4", "--alpha", alpha])
+        r = CliRunner().invoke(
+            app,
+            [
+                "translate",
+                SENTENCE,
+                "--checkpoint",
+                str(tiny_checkpoint),
+                "--device",
+                "cpu",
+                "--beam",
+                "4",
+                "--nbest",
+                "4",
+                "--alpha",
+                alpha,
+            ],
+        )
         assert r.exit_code == 0, r.output
         return [float(line.split(" ||| ")[2]) for line in r.stdout.splitlines()]
+
     raw, penalised = scores("0"), scores("2")
     assert raw != penalised and max(raw) < 0 and min(penalised) > min(raw)
 

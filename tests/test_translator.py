@@ -4,13 +4,13 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from tiny import tiny_config
+
+from transformer.decoding.speed import matmul_weights_in
+from transformer.decoding.translator import Translator, clean_line
 from transformer.errors import TranslateError
 from transformer.model.transformer import build_model
 from transformer.text.tokenizer import Tokenizer
-from transformer.decoding.speed import matmul_weights_in
-from transformer.decoding.translator import Translator, clean_line
 
 SENTENCES = ["Ein Mann fährt Fahrrad.", "A man rides a bike.", "Der Hund läuft im Park.", "The dog runs."] * 20
 
@@ -67,8 +67,13 @@ def test_nbest_larger_than_beam_refused(translator):
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.text(alphabet=st.one_of(st.characters(), st.characters(categories=["Cs"])), max_size=30),
-                min_size=1, max_size=6))
+@given(
+    st.lists(
+        st.text(alphabet=st.one_of(st.characters(), st.characters(categories=["Cs"])), max_size=30),
+        min_size=1,
+        max_size=6,
+    )
+)
 def test_any_unicode_gives_one_line_per_input(translator, lines):
     """Any str, with newlines inside and lone surrogates (Python's stand-ins for undecodable argv bytes)."""
     out = translator.translate_chunk(lines, beam=1)
@@ -84,7 +89,9 @@ def test_half_precision_casts_weights_once_and_translates_as_autocast(translator
     assert half.src_embed.weight.dtype == torch.float32 and model.generator.weight.dtype == torch.float32
     assert model.generator.weight is model.src_embed.weight  # the original is untouched, still tied
     assert half.kv_pool is not model.kv_pool
-    t = Translator(model, translator.tokenizer, translator.decode, translator.max_positions, torch.device("cpu"), "bf16")
+    t = Translator(
+        model, translator.tokenizer, translator.decode, translator.max_positions, torch.device("cpu"), "bf16"
+    )
     assert t.model is not model
     lines = SENTENCES[:8]
     with torch.autocast("cpu", dtype=torch.bfloat16):

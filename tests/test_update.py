@@ -4,21 +4,22 @@ from dataclasses import replace
 
 import pytest
 import torch
-
 from tiny import tiny_config
-from transformer.training import update
+
+from transformer.model.transformer import build_model
 from transformer.text.batching import encode_corpus, make_batches
 from transformer.text.corpus import load_split
-from transformer.model.transformer import build_model
-from transformer.training.schedule import make_optimizer
 from transformer.text.tokenizer import train_tokenizer
+from transformer.training import update
+from transformer.training.schedule import make_optimizer
 from transformer.training.update import Updater, collate_update
 
 CUDA = torch.cuda.is_available()
 
 
 def _updates(tmp_path, device, count, **train):
-    """Parameters after ``count`` updates (cycling over the first 3 batches) of a dropout-free tiny model, and losses."""
+    """Parameters after ``count`` updates (cycling over the first 3 batches) of a dropout-free tiny model, and the
+    losses."""
     cfg = tiny_config(tmp_path, model={"dropout": 0.0}, train={"batch_tokens": 200, **train})
     cfg = replace(cfg, precision="fp32")
     corpus = load_split(cfg.data, cfg.data.train_split)

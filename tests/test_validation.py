@@ -3,12 +3,12 @@
 import math
 
 import torch
-
 from tiny import tiny_config
-from transformer.training import train_data
-from transformer.text.batching import collate, make_batches
-from transformer.training.loss import label_smoothed_nll
+
 from transformer.model.transformer import build_model
+from transformer.text.batching import collate, make_batches
+from transformer.training import train_data
+from transformer.training.loss import label_smoothed_nll
 from transformer.training.validation import validate
 
 

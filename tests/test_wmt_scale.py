@@ -1,4 +1,5 @@
-"""bench.synthetic_wmt, the corpus of bench.wmt_scale: WMT-like lengths, deterministic from its seed, and loadable offline as the hub's wmt/wmt14."""
+"""bench.synthetic_wmt, the corpus of bench.wmt_scale: WMT-like lengths, deterministic from its seed, and loadable
+offline as the hub's wmt/wmt14."""
 
 from __future__ import annotations
 
@@ -30,8 +31,10 @@ def test_the_same_seed_writes_the_same_corpus(tmp_path: Path) -> None:
 
 def test_it_loads_as_wmt14_de_en(tmp_path: Path) -> None:
     generate(tmp_path / "wmt14", 40, seed=1)
-    splits = {s: datasets.load_dataset(str(tmp_path / "wmt14"), "de-en", split=s, cache_dir=str(tmp_path / "cache"))
-              for s in ("train", *HELD_OUT)}
+    splits = {
+        s: datasets.load_dataset(str(tmp_path / "wmt14"), "de-en", split=s, cache_dir=str(tmp_path / "cache"))
+        for s in ("train", *HELD_OUT)
+    }
     assert {s: len(d) for s, d in splits.items()} == {"train": 40, **HELD_OUT}
     pair = splits["train"][0]["translation"]
     assert set(pair) == {"de", "en"}

@@ -23,13 +23,19 @@ from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 
 from transformer import config as config_mod
-from transformer.errors import CheckpointError, ConfigError, DataError
 from transformer.config import Config
+from transformer.errors import CheckpointError, ConfigError, DataError
 from transformer.files import atomic_dir, remove_dir
 from transformer.model.transformer import Transformer, build_model
 from transformer.text.tokenizer import Tokenizer
 
-CONFIG, TOKENIZER, WEIGHTS, META, TRAINER = "config.yaml", "tokenizer.json", "model.safetensors", "meta.json", "trainer.pt"
+CONFIG, TOKENIZER, WEIGHTS, META, TRAINER = (
+    "config.yaml",
+    "tokenizer.json",
+    "model.safetensors",
+    "meta.json",
+    "trainer.pt",
+)
 STEP_PREFIX = "step_"
 
 
@@ -44,8 +50,14 @@ class Loaded:
     path: Path
 
 
-def _write_files(tmp: Path, cfg: Config, tokenizer: Tokenizer, model: torch.nn.Module,
-                 meta: dict[str, Any], trainer_state: dict[str, Any] | None) -> None:
+def _write_files(
+    tmp: Path,
+    cfg: Config,
+    tokenizer: Tokenizer,
+    model: torch.nn.Module,
+    meta: dict[str, Any],
+    trainer_state: dict[str, Any] | None,
+) -> None:
     (tmp / CONFIG).write_text(config_mod.dump(cfg), encoding="utf-8")
     tokenizer.save(tmp / TOKENIZER)
     save_model(model, str(tmp / WEIGHTS))
@@ -55,9 +67,15 @@ def _write_files(tmp: Path, cfg: Config, tokenizer: Tokenizer, model: torch.nn.M
         torch.save(trainer_state, tmp / TRAINER)
 
 
-def save(path: str | Path, cfg: Config, tokenizer: Tokenizer, model: torch.nn.Module,
-         meta: dict[str, Any], trainer_state: dict[str, Any] | None = None) -> Path:
-    """Write a checkpoint directory atomically; an existing one at ``path`` is replaced only once the new one is complete."""
+def save(
+    path: str | Path,
+    cfg: Config,
+    tokenizer: Tokenizer,
+    model: torch.nn.Module,
+    meta: dict[str, Any],
+    trainer_state: dict[str, Any] | None = None,
+) -> Path:
+    """Write a checkpoint directory atomically; an existing one at ``path`` is replaced once the new one is complete."""
     path = Path(path)
     try:
         with atomic_dir(path) as tmp:
@@ -69,8 +87,11 @@ def save(path: str | Path, cfg: Config, tokenizer: Tokenizer, model: torch.nn.Mo
             free = shutil.disk_usage(path.parent).free
             raise CheckpointError(
                 f"disk full while saving {path}: about {need * factor:,} bytes needed, {free:,} free; "
-                "free some space (older checkpoints are intact) and resume with --resume") from None
-        raise CheckpointError(f"cannot write checkpoint {path}: {e.strerror or e}; check the directory is writable") from None
+                "free some space (older checkpoints are intact) and resume with --resume"
+            ) from None
+        raise CheckpointError(
+            f"cannot write checkpoint {path}: {e.strerror or e}; check the directory is writable"
+        ) from None
     return path
 
 
@@ -80,11 +101,12 @@ def step_dirs(run_dir: str | Path) -> list[Path]:
     if not root.is_dir():
         return []
     dirs = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(STEP_PREFIX) and (p / META).is_file()]
-    return sorted(dirs, key=lambda p: int(p.name[len(STEP_PREFIX):]))
+    return sorted(dirs, key=lambda p: int(p.name[len(STEP_PREFIX) :]))
 
 
 def prune(run_dir: str | Path, keep_last: int) -> None:
-    """Remove all but the newest ``keep_last`` step checkpoints (``files.clean_partial`` finishes a cut-short removal)."""
+    """Remove all but the newest ``keep_last`` step checkpoints (``files.clean_partial`` finishes a cut-short
+    removal)."""
     for old in step_dirs(run_dir)[:-keep_last]:
         remove_dir(old)
 
@@ -95,7 +117,9 @@ def read_config(path: Path) -> Config:
         values = yaml.safe_load((path / CONFIG).read_text(encoding="utf-8")) or {}
         return config_mod.from_dict(values)
     except (OSError, yaml.YAMLError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path / CONFIG} is unreadable ({type(e).__name__}); the checkpoint is damaged, use another one") from None
+        raise CheckpointError(
+            f"{path / CONFIG} is unreadable ({type(e).__name__}); the checkpoint is damaged, use another one"
+        ) from None
     except ConfigError as e:
         raise CheckpointError(f"{path / CONFIG}: {e}") from None
 
@@ -106,7 +130,9 @@ def check_files(path: Path, *names: str) -> None:
         raise CheckpointError(f"checkpoint '{path}' not found; pass a checkpoint directory, e.g. runs/<name>/best")
     missing = [n for n in names if not (path / n).is_file()]
     if missing:
-        raise CheckpointError(f"checkpoint '{path}' lacks {', '.join(missing)}; it is incomplete, use another checkpoint")
+        raise CheckpointError(
+            f"checkpoint '{path}' lacks {', '.join(missing)}; it is incomplete, use another checkpoint"
+        )
 
 
 def load(path: str | Path, device: str | torch.device = "cpu") -> Loaded:
@@ -126,17 +152,20 @@ def load(path: str | Path, device: str | torch.device = "cpu") -> Loaded:
     if recorded != tokenizer.fingerprint():
         raise CheckpointError(
             f"{path / TOKENIZER} does not match the weights (fingerprint {tokenizer.fingerprint()[:12]} != recorded "
-            f"{str(recorded)[:12]}); put back the tokenizer.json saved with this checkpoint")
+            f"{str(recorded)[:12]}); put back the tokenizer.json saved with this checkpoint"
+        )
     model = build_model(cfg.model, tokenizer.vocab_size, tokenizer.pad_id)
     try:
         missing, unexpected = load_model(model, str(path / WEIGHTS), strict=False, device=str(device))
     except (SafetensorError, OSError, RuntimeError, ValueError) as e:
         raise CheckpointError(
-            f"{path / WEIGHTS} is truncated or corrupt ({str(e).splitlines()[0][:120]}); use another checkpoint") from None
+            f"{path / WEIGHTS} is truncated or corrupt ({str(e).splitlines()[0][:120]}); use another checkpoint"
+        ) from None
     if missing or unexpected:
         raise CheckpointError(
             f"{path / WEIGHTS} does not fit the model in {CONFIG} (missing {sorted(missing)[:3]}, unexpected "
-            f"{sorted(unexpected)[:3]}); the files come from different runs")
+            f"{sorted(unexpected)[:3]}); the files come from different runs"
+        )
     model.to(device)
     return Loaded(cfg, tokenizer, model, meta, path)
 
@@ -151,7 +180,8 @@ def load_trainer_state(path: str | Path) -> dict[str, Any]:
         first = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
         raise CheckpointError(
             f"{path / TRAINER} refused: not a plain tensor/number state ({first}); it is corrupt or unsafe, "
-            "resume from another checkpoint") from None
+            "resume from another checkpoint"
+        ) from None
 
 
 def newest(runs: str | Path) -> Path:
@@ -165,6 +195,8 @@ def newest(runs: str | Path) -> Path:
         if chosen is not None:
             candidates.append(chosen)
     if not candidates:
-        raise CheckpointError(f"no checkpoint found under {runs}/; train one first "
-                              "(tfm train --config configs/quickstart.yaml) or pass --checkpoint DIR")
+        raise CheckpointError(
+            f"no checkpoint found under {runs}/; train one first "
+            "(tfm train --config configs/quickstart.yaml) or pass --checkpoint DIR"
+        )
     return max(candidates, key=lambda p: (p / META).stat().st_mtime)

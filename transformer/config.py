@@ -175,11 +175,24 @@ _RANGES: list[tuple[str, Any, str]] = [
 
 # Names users bring from other toolkits, and the keys that mean the same here.
 _SYNONYMS = {
-    "learning_rate": ("peak_lr", "lr_factor"), "lr": ("peak_lr", "lr_factor"), "batch_size": ("batch_tokens",),
-    "max_tokens": ("batch_tokens",), "epochs": ("max_epochs",), "steps": ("max_steps",), "warmup_steps": ("warmup",),
-    "update_freq": ("accumulate",), "layers": ("N",), "num_layers": ("N",), "heads": ("h",), "num_heads": ("h",),
-    "hidden_size": ("d_model",), "ffn_dim": ("d_ff",), "beam_size": ("beam",), "length_penalty": ("alpha",),
-    "vocab": ("vocab_size",), "smoothing": ("label_smoothing",),
+    "learning_rate": ("peak_lr", "lr_factor"),
+    "lr": ("peak_lr", "lr_factor"),
+    "batch_size": ("batch_tokens",),
+    "max_tokens": ("batch_tokens",),
+    "epochs": ("max_epochs",),
+    "steps": ("max_steps",),
+    "warmup_steps": ("warmup",),
+    "update_freq": ("accumulate",),
+    "layers": ("N",),
+    "num_layers": ("N",),
+    "heads": ("h",),
+    "num_heads": ("h",),
+    "hidden_size": ("d_model",),
+    "ffn_dim": ("d_ff",),
+    "beam_size": ("beam",),
+    "length_penalty": ("alpha",),
+    "vocab": ("vocab_size",),
+    "smoothing": ("label_smoothing",),
 }
 
 
@@ -266,14 +279,19 @@ def validate(cfg: Config) -> Config:
         if not ok(value):
             raise ConfigError(f"{key}: {value!r} is out of range; it must be {want}")
     if not _PLAIN_NAME.fullmatch(cfg.name) or cfg.name in (".", ".."):
-        raise ConfigError(f"name: '{cfg.name}' must be a plain name (letters, digits, '.', '_', '-'): the run goes to "
-                          "run_dir/name; choose the folder with run_dir")
+        raise ConfigError(
+            f"name: '{cfg.name}' must be a plain name (letters, digits, '.', '_', '-'): the run goes to "
+            "run_dir/name; choose the folder with run_dir"
+        )
     if cfg.compile:
-        raise ConfigError("compile: true is not read at the top level; torch.compile of training is train.compile "
-                          "(CUDA only): set compile: false and train.compile: true")
+        raise ConfigError(
+            "compile: true is not read at the top level; torch.compile of training is train.compile "
+            "(CUDA only): set compile: false and train.compile: true"
+        )
     if cfg.train.cuda_graphs and not cfg.train.static_shapes:
-        raise ConfigError("train.cuda_graphs needs train.static_shapes: true (a graph replays one batch shape); "
-                          "set both")
+        raise ConfigError(
+            "train.cuda_graphs needs train.static_shapes: true (a graph replays one batch shape); set both"
+        )
     m = cfg.model
     if m.d_model % m.h:
         raise ConfigError(f"model.d_model ({m.d_model}) must be divisible by model.h ({m.h}); change one of them")
@@ -282,16 +300,20 @@ def validate(cfg: Config) -> Config:
     if m.d_model % 2:
         raise ConfigError(f"model.d_model ({m.d_model}) must be even for sinusoidal positions")
     if cfg.data.max_len + 1 > m.max_positions:
-        raise ConfigError(f"data.max_len ({cfg.data.max_len}) + 1 exceeds model.max_positions ({m.max_positions}); "
-                          "lower data.max_len or raise model.max_positions")
+        raise ConfigError(
+            f"data.max_len ({cfg.data.max_len}) + 1 exceeds model.max_positions ({m.max_positions}); "
+            "lower data.max_len or raise model.max_positions"
+        )
     if cfg.data.src_lang == cfg.data.tgt_lang:
         raise ConfigError(f"data.src_lang and data.tgt_lang are both '{cfg.data.src_lang}'; pick two languages")
     if m.tie_embeddings and not cfg.tokenizer.joint:
         raise ConfigError("model.tie_embeddings needs tokenizer.joint: true; set one of them to the other's value")
     cols = cfg.data.tsv_columns
     if cols is not None and (len(set(cols)) != len(cols) or {cfg.data.src_lang, cfg.data.tgt_lang} - set(cols)):
-        raise ConfigError(f"data.tsv_columns {cols} must name each column once, including data.src_lang "
-                          f"'{cfg.data.src_lang}' and data.tgt_lang '{cfg.data.tgt_lang}', e.g. [en, zh]")
+        raise ConfigError(
+            f"data.tsv_columns {cols} must name each column once, including data.src_lang "
+            f"'{cfg.data.src_lang}' and data.tgt_lang '{cfg.data.tgt_lang}', e.g. [en, zh]"
+        )
     if cfg.data.holdout is not None and (len(cfg.data.holdout) != 2 or min(cfg.data.holdout) < 1):
         raise ConfigError("data.holdout must be [valid_size, test_size], both at least 1")
     if len(cfg.train.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.train.betas):
@@ -351,8 +373,10 @@ def find(name: str | Path) -> Path:
     configs = shipped()
     if p.parent == Path(".") and p.suffix in ("", ".yaml", ".yml") and p.stem in configs:
         return configs[p.stem]
-    raise ConfigError(f"config file '{p}' not found; give a YAML file or a shipped config: "
-                      f"{', '.join(configs)} (tfm configs says what each is for)")
+    raise ConfigError(
+        f"config file '{p}' not found; give a YAML file or a shipped config: "
+        f"{', '.join(configs)} (tfm configs says what each is for)"
+    )
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -363,14 +387,16 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
-                raise ConfigError(f"line {key_node.start_mark.line + 1}: key '{key}' appears twice in one section; "
-                                  "keep one")
+                raise ConfigError(
+                    f"line {key_node.start_mark.line + 1}: key '{key}' appears twice in one section; keep one"
+                )
             seen.add(key)
         return super().construct_mapping(node, deep)
 
 
 def load(path: str | Path, overrides: list[str] | None = None) -> Config:
-    """Load a YAML config file (or a shipped one by name); errors name the file, and for syntax errors the line and column."""
+    """Load a YAML config file (or a shipped one by name); errors name the file, and for syntax errors the line and
+    column."""
     p = find(path)
     try:
         values = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
@@ -383,7 +409,9 @@ def load(path: str | Path, overrides: list[str] | None = None) -> Config:
     except ConfigError as e:
         raise ConfigError(f"{p}: {e}") from None
     except OSError as e:
-        raise ConfigError(f"cannot read config file '{p}': {e.strerror or e}; check that it is a readable file") from None
+        raise ConfigError(
+            f"cannot read config file '{p}': {e.strerror or e}; check that it is a readable file"
+        ) from None
     if not isinstance(values, dict):
         raise ConfigError(f"{p}: top level must be key: value lines, got {type(values).__name__}")
     try:

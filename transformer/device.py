@@ -10,7 +10,6 @@ import torch
 from transformer.config import TrainConfig
 from transformer.errors import ConfigError
 
-
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # the half precisions, by config name
 
 
@@ -19,9 +18,11 @@ def resolve_device(name: str) -> torch.device:
     config error (never a checkpoint error: a good checkpoint must not look damaged because of the device)."""
     name = name.strip().lower()
     if name.startswith("cuda:"):
-        count, index = torch.cuda.device_count(), name[len("cuda:"):]
+        count, index = torch.cuda.device_count(), name[len("cuda:") :]
         if count == 0:
-            raise ConfigError(f"device '{name}': this machine has no CUDA GPU (or torch is a CPU build); use auto or cpu")
+            raise ConfigError(
+                f"device '{name}': this machine has no CUDA GPU (or torch is a CPU build); use auto or cpu"
+            )
         if not index.isdigit() or int(index) >= count:
             raise ConfigError(f"device '{name}': this machine has {count} CUDA GPU(s); use cuda:0 to cuda:{count - 1}")
         return torch.device(name)
@@ -35,7 +36,9 @@ def resolve_device(name: str) -> torch.device:
             return torch.device("mps")
         return torch.device("cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device: cuda but this machine has no CUDA GPU (or torch is a CPU build); use device: auto or cpu")
+        raise ConfigError(
+            "device: cuda but this machine has no CUDA GPU (or torch is a CPU build); use device: auto or cpu"
+        )
     if name == "mps" and not torch.backends.mps.is_available():
         raise ConfigError("device: mps but MPS is not available here; use device: auto or cpu")
     return torch.device(name)
@@ -66,7 +69,9 @@ def check_precision(precision: str, device: torch.device) -> None:
     if precision not in ("fp32", *DTYPES):
         raise ConfigError(f"precision '{precision}' is not one of fp32, {', '.join(DTYPES)}; pick one of them")
     if precision == "fp16" and device.type != "cuda":
-        raise ConfigError(f"precision: fp16 needs a CUDA GPU but the device is {device.type}; use precision: bf16 or fp32")
+        raise ConfigError(
+            f"precision: fp16 needs a CUDA GPU but the device is {device.type}; use precision: bf16 or fp32"
+        )
 
 
 def autocast(precision: str, device: torch.device) -> ContextManager:
@@ -83,5 +88,7 @@ def check_gpu_switches(train: TrainConfig, precision: str, device: torch.device)
         if on and device.type != "cuda":
             raise ConfigError(f"{key}: true needs a CUDA GPU but the device is {device.type}; set {key}: false")
     if train.cuda_graphs and precision == "fp16":
-        raise ConfigError("train.cuda_graphs: true does not work with precision fp16 (loss scaling); use bf16 or fp32, "
-                          "or set train.cuda_graphs: false")
+        raise ConfigError(
+            "train.cuda_graphs: true does not work with precision fp16 (loss scaling); use bf16 or fp32, "
+            "or set train.cuda_graphs: false"
+        )

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from transformer.text.batching import source_tensor
+from transformer.decoding.search import greedy_search
+from transformer.decoding.translator import clean_line
 from transformer.errors import PlotError
 from transformer.model.transformer import Transformer
-from transformer.decoding.search import greedy_search
+from transformer.text.batching import source_tensor
 from transformer.text.tokenizer import Tokenizer
-from transformer.decoding.translator import clean_line
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -96,8 +96,9 @@ def landmarks(log: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, float
     valid = [e for e in log["valid"] if isinstance(e.get("valid_bleu"), (int, float))]
     if clock is None or not valid:
         return {}
-    marks = [{"step": e["step"], "minutes": float(np.interp(e["step"], *clock)), "bleu": e["valid_bleu"]}
-             for e in valid]
+    marks = [
+        {"step": e["step"], "minutes": float(np.interp(e["step"], *clock)), "bleu": e["valid_bleu"]} for e in valid
+    ]
     found = {"best": max(marks, key=lambda m: m["bleu"])}
     if clock[1][-1] >= TWENTY and (by_twenty := [m for m in marks if m["minutes"] <= TWENTY]):
         found["20 min"] = by_twenty[-1]
@@ -110,8 +111,9 @@ def _minutes_axis(ax: Axes, log: dict[str, list[dict[str, Any]]]) -> None:
     if clock is None:
         return
     steps, minutes = clock
-    top = ax.secondary_xaxis("top", functions=(lambda s: np.interp(s, steps, minutes),
-                                              lambda m: np.interp(m, minutes, steps)))
+    top = ax.secondary_xaxis(
+        "top", functions=(lambda s: np.interp(s, steps, minutes), lambda m: np.interp(m, minutes, steps))
+    )
     top.set_xlabel("minutes")
     if minutes[-1] > TWENTY:
         ax.axvline(float(np.interp(TWENTY, minutes, steps)), color="gray", linestyle=":", linewidth=1)
@@ -120,9 +122,14 @@ def _minutes_axis(ax: Axes, log: dict[str, list[dict[str, Any]]]) -> None:
     for name, mark in marks.items():
         left, low = mark["step"] < middle[0], mark["bleu"] < middle[1]  # labels run toward the middle
         ax.plot(mark["step"], mark["bleu"], "*", color="black", markersize=9)
-        ax.annotate(f"{name}: BLEU {mark['bleu']:.1f} at minute {mark['minutes']:.0f}", (mark["step"], mark["bleu"]),
-                    textcoords="offset points", xytext=(6 if left else -6, 6 if low else -24),
-                    ha="left" if left else "right", fontsize=8)
+        ax.annotate(
+            f"{name}: BLEU {mark['bleu']:.1f} at minute {mark['minutes']:.0f}",
+            (mark["step"], mark["bleu"]),
+            textcoords="offset points",
+            xytext=(6 if left else -6, 6 if low else -24),
+            ha="left" if left else "right",
+            fontsize=8,
+        )
 
 
 def plot_training(run_dir: str | Path, output: str | Path | None = None) -> Path:
@@ -168,8 +175,15 @@ def _names(tokenizer: Tokenizer, ids: list[int]) -> list[str]:
     return [tokenizer.id_to_token(i) or "?" for i in ids]
 
 
-def attention_maps(model: Transformer, tokenizer: Tokenizer, sentence: str, kind: str = "cross", layer: int = -1,
-                   max_len_a: float = 1.0, max_len_b: int = 50) -> AttentionMaps:
+def attention_maps(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    sentence: str,
+    kind: str = "cross",
+    layer: int = -1,
+    max_len_a: float = 1.0,
+    max_len_b: int = 50,
+) -> AttentionMaps:
     """Translate ``sentence`` greedily, then return the attention of one layer (0-based; -1 = last) of ``kind``.
 
     'cross' (encoder-decoder): rows are the target tokens produced, columns the source tokens (with
@@ -193,8 +207,9 @@ def attention_maps(model: Transformer, tokenizer: Tokenizer, sentence: str, kind
     src_tokens = _names(tokenizer, src[0].tolist())
     produced = _names(tokenizer, [*hyp.tokens, tokenizer.end_id])
     inputs = _names(tokenizer, tgt_in[0].tolist())
-    rows, cols = {"cross": (produced, src_tokens), "encoder": (src_tokens, src_tokens),
-                  "decoder": (produced, inputs)}[kind]
+    rows, cols = {"cross": (produced, src_tokens), "encoder": (src_tokens, src_tokens), "decoder": (produced, inputs)}[
+        kind
+    ]
     return AttentionMaps(kind, layer % n_layers, weights, rows, cols, tokenizer.decode(hyp.tokens))
 
 
@@ -224,10 +239,13 @@ def plot_attention(maps: AttentionMaps, output: str | Path, head: int | None = N
     axes = fig.subplots(math.ceil(len(heads) / cols), cols, squeeze=False).flatten()
     for ax, h in zip(axes, heads):
         _heatmap(fig, ax, maps, h)
-    for ax in axes[len(heads):]:
+    for ax in axes[len(heads) :]:
         ax.set_visible(False)
-    what = {"cross": "encoder-decoder attention", "encoder": "encoder self-attention",
-            "decoder": "decoder self-attention"}[maps.kind]
+    what = {
+        "cross": "encoder-decoder attention",
+        "encoder": "encoder self-attention",
+        "decoder": "decoder self-attention",
+    }[maps.kind]
     fig.suptitle(f"{what}: \u2192 {maps.translation}", fontsize=10)
     fig.tight_layout()
     return _save(fig, Path(output))

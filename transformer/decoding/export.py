@@ -60,11 +60,14 @@ def ctranslate2_spec(loaded: Loaded):  # -> ctranslate2.specs.TransformerSpec (a
     try:
         from ctranslate2.specs import common_spec, transformer_spec
     except ImportError:
-        raise ExportError("export --format ctranslate2 needs the ctranslate2 package; pip install ctranslate2") from None
+        raise ExportError(
+            "export --format ctranslate2 needs the ctranslate2 package; pip install ctranslate2"
+        ) from None
 
     m, cfg, tok = loaded.model, loaded.cfg.model, loaded.tokenizer
     spec = transformer_spec.TransformerSpec.from_config(
-        (cfg.N, cfg.N), cfg.h, pre_norm=cfg.norm_first, activation=common_spec.Activation.RELU)
+        (cfg.N, cfg.N), cfg.h, pre_norm=cfg.norm_first, activation=common_spec.Activation.RELU
+    )
     table = _np(m.positions.table)
     for side, embed in ((spec.encoder, m.src_embed), (spec.decoder, m.tgt_embed)):
         embeddings = side.embeddings[0] if isinstance(side.embeddings, list) else side.embeddings  # encoder: a list

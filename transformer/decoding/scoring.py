@@ -42,7 +42,8 @@ def score(hypotheses: Sequence[str], references: Sequence[str], tgt_lang: str, t
     """Corpus BLEU and chrF of detokenized hypotheses against references, line by line."""
     if len(hypotheses) != len(references):
         raise EvalError(
-            f"{len(hypotheses)} hypotheses but {len(references)} references; the files must have one line per sentence")
+            f"{len(hypotheses)} hypotheses but {len(references)} references; the files must have one line per sentence"
+        )
     if not references:
         raise EvalError("no sentences to score; give a non-empty test set")
     bleu = sacrebleu.metrics.BLEU(tokenize=bleu_tokenizer(tgt_lang, tokenize))
@@ -50,4 +51,6 @@ def score(hypotheses: Sequence[str], references: Sequence[str], tgt_lang: str, t
     refs = [list(references)]
     b = bleu.corpus_score(list(hypotheses), refs)
     c = chrf.corpus_score(list(hypotheses), refs)
-    return Scores(round(b.score, 2), round(c.score, 2), str(bleu.get_signature()), str(chrf.get_signature()), len(references))
+    return Scores(
+        round(b.score, 2), round(c.score, 2), str(bleu.get_signature()), str(chrf.get_signature()), len(references)
+    )

@@ -105,8 +105,15 @@ class _Search:
         return values.nan_to_num_(nan=-inf, posinf=-inf, neginf=-inf), ids
 
 
-def greedy_search(model: nn.Module, src: Tensor, start_id: int, end_id: int, max_len_a: float = 1.0,
-                  max_len_b: int = 50, alpha: float = 0.6) -> list[Hypothesis]:
+def greedy_search(
+    model: nn.Module,
+    src: Tensor,
+    start_id: int,
+    end_id: int,
+    max_len_a: float = 1.0,
+    max_len_b: int = 50,
+    alpha: float = 0.6,
+) -> list[Hypothesis]:
     """The most probable next token at every step, for each sentence of src [B, S] (right-padded).
 
     alpha only sets how ``score`` is normalised, so that it compares with beam search's.
@@ -140,8 +147,17 @@ def greedy_search(model: nn.Module, src: Tensor, start_id: int, end_id: int, max
     return results  # type: ignore[return-value]
 
 
-def beam_search(model: nn.Module, src: Tensor, start_id: int, end_id: int, beam: int = 4, alpha: float = 0.6,
-                nbest: int = 1, max_len_a: float = 1.0, max_len_b: int = 50) -> list[list[Hypothesis]]:
+def beam_search(
+    model: nn.Module,
+    src: Tensor,
+    start_id: int,
+    end_id: int,
+    beam: int = 4,
+    alpha: float = 0.6,
+    nbest: int = 1,
+    max_len_a: float = 1.0,
+    max_len_b: int = 50,
+) -> list[list[Hypothesis]]:
     """The nbest best hypotheses of each sentence of src [B, S] (right-padded), best first."""
     if not 1 <= nbest <= beam:
         raise ValueError(f"nbest must be between 1 and beam ({beam}), got {nbest}")
@@ -173,15 +189,21 @@ def beam_search(model: nn.Module, src: Tensor, start_id: int, end_id: int, beam:
             if final.any():
                 i, j = final.nonzero(as_tuple=True)
                 r = rows[i, j]
-                for s, toks, lps, end_lp, log_prob in zip(i.tolist(), seq[r].tolist(), seq_lp[r].tolist(),
-                                                            cand_lp[i, j].tolist(), top[i, j].tolist()):
+                for s, toks, lps, end_lp, log_prob in zip(
+                    i.tolist(), seq[r].tolist(), seq_lp[r].tolist(), cand_lp[i, j].tolist(), top[i, j].tolist()
+                ):
                     score = log_prob / length_penalty(len(toks) + 1, alpha)
                     finished[sentences[s]].append(Hypothesis(toks, score, log_prob, lps + [end_lp]))
             live = torch.sort(is_end.to(torch.uint8), dim=1, stable=True).indices[:, :k]  # first k not ending
             scores = top.gather(1, live)
             best_live = scores[:, 0].tolist()  # top is sorted, so each sentence's first live beam is its best
-            alive = [s for s in range(n) if len(finished[sentences[s]]) < k and step < search.max_lens[sentences[s]]
-                     and not search.settled(finished[sentences[s]], best_live[s], sentences[s], nbest, alpha)]
+            alive = [
+                s
+                for s in range(n)
+                if len(finished[sentences[s]]) < k
+                and step < search.max_lens[sentences[s]]
+                and not search.settled(finished[sentences[s]], best_live[s], sentences[s], nbest, alpha)
+            ]
             if len(alive) < n:
                 keep = torch.tensor(alive, dtype=torch.long, device=device)
                 live, scores, rows, cand, cand_lp = live[keep], scores[keep], rows[keep], cand[keep], cand_lp[keep]

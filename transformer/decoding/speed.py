@@ -1,4 +1,5 @@
-"""Code of the search and the Translator that exists only for speed, kept apart so that search.py reads as the algorithm.
+"""Code of the search and the Translator that exists only for speed, kept apart so that search.py reads as the
+algorithm.
 
 Each piece computes what the plain PyTorch call it stands for computes; ``python -m bench.levers`` measures them.
 """
@@ -48,7 +49,8 @@ def row_max(x: Tensor, block: int = 100) -> tuple[Tensor, Tensor]:
 
 
 def matmul_weights_in(model: Transformer, dtype: torch.dtype) -> Transformer:
-    """A frozen copy of ``model`` whose Linear weights and biases are cast to ``dtype`` once, for decoding under autocast.
+    """A frozen copy of ``model`` whose Linear weights and biases are cast to ``dtype`` once, for decoding under
+    autocast.
 
     Autocast caches no casts under inference mode, so every decoding step would cast every weight
     again. Cast ahead, the outputs are the same: autocast rounds the same weights the same way. The

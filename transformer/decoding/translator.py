@@ -16,15 +16,15 @@ from typing import Iterable, Iterator
 
 import torch
 
-from transformer.text.batching import sorted_batches, source_tensor
-from transformer.errors import TranslateError
 from transformer.config import DecodeConfig
-from transformer.device import DTYPES, autocast
+from transformer.decoding.search import Hypothesis, beam_search, greedy_search
 from transformer.decoding.speed import matmul_weights_in
+from transformer.device import DTYPES, autocast
+from transformer.errors import TranslateError
 from transformer.model.speed import shape_changing_attention
 from transformer.model.transformer import Transformer
 from transformer.process import decoding_threads
-from transformer.decoding.search import Hypothesis, beam_search, greedy_search
+from transformer.text.batching import sorted_batches, source_tensor
 from transformer.text.tokenizer import Tokenizer
 
 _SPACES = re.compile(r"\s+")
@@ -58,8 +58,15 @@ class Translation:
 class Translator:
     """A trained model with its tokenizer and decode settings."""
 
-    def __init__(self, model: Transformer, tokenizer: Tokenizer, decode: DecodeConfig, max_positions: int,
-                 device: torch.device, precision: str = "fp32") -> None:
+    def __init__(
+        self,
+        model: Transformer,
+        tokenizer: Tokenizer,
+        decode: DecodeConfig,
+        max_positions: int,
+        device: torch.device,
+        precision: str = "fp32",
+    ) -> None:
         self.model = model.eval() if precision == "fp32" else matmul_weights_in(model, DTYPES[precision])
         self.tokenizer = tokenizer
         self.decode = decode
@@ -84,15 +91,28 @@ class Translator:
     def _search(self, src: torch.Tensor, beam: int, nbest: int) -> list[list[Hypothesis]]:
         t = self.tokenizer
         d = self.decode
-        with (autocast(self.precision, self.device), decoding_threads(self.device, src.size(0) * beam),
-              shape_changing_attention(self.device)):
+        with (
+            autocast(self.precision, self.device),
+            decoding_threads(self.device, src.size(0) * beam),
+            shape_changing_attention(self.device),
+        ):
             if beam == 1:
                 return [[h] for h in greedy_search(self.model, src, t.start_id, t.end_id, d.max_len_a, d.max_len_b)]
-            return beam_search(self.model, src, t.start_id, t.end_id, beam=beam, alpha=d.alpha, nbest=nbest,
-                               max_len_a=d.max_len_a, max_len_b=d.max_len_b)
+            return beam_search(
+                self.model,
+                src,
+                t.start_id,
+                t.end_id,
+                beam=beam,
+                alpha=d.alpha,
+                nbest=nbest,
+                max_len_a=d.max_len_a,
+                max_len_b=d.max_len_b,
+            )
 
-    def translate_chunk(self, lines: list[str], beam: int | None = None, nbest: int = 1,
-                        first_line_no: int = 1) -> list[Translation]:
+    def translate_chunk(
+        self, lines: list[str], beam: int | None = None, nbest: int = 1, first_line_no: int = 1
+    ) -> list[Translation]:
         """Translate a list of lines, returning one Translation per line in the same order."""
         beam = self.decode.beam if beam is None else beam
         if nbest > beam:
@@ -106,12 +126,13 @@ class Translator:
             texts = self.tokenizer.decode_batch([h.tokens for hs in hyps for h in hs])
             k = 0
             for i, hs in zip(batch, hyps):
-                out[i] = Translation(texts[k:k + len(hs)], [h.score for h in hs])
+                out[i] = Translation(texts[k : k + len(hs)], [h.score for h in hs])
                 k += len(hs)
         return out
 
-    def translate(self, lines: Iterable[str], beam: int | None = None, nbest: int = 1,
-                  chunk: int = 1000) -> Iterator[Translation]:
+    def translate(
+        self, lines: Iterable[str], beam: int | None = None, nbest: int = 1, chunk: int = 1000
+    ) -> Iterator[Translation]:
         """Stream translations of ``lines`` in input order, holding at most ``chunk`` lines at a time."""
         it = iter(lines)
         line_no = 1

@@ -45,7 +45,8 @@ def unpadded(keep: Tensor) -> bool:
 
 
 def attention_kernel(q: Tensor) -> ContextManager:
-    """SDPA's plain math kernel for bf16 training on a CPU, whose flash kernel has a slower backward; else SDPA's choice."""
+    """SDPA's plain math kernel for bf16 training on a CPU, whose flash kernel has a slower backward; else SDPA's
+    choice."""
     if q.dtype == torch.bfloat16 and q.device.type == "cpu" and torch.is_grad_enabled():
         return sdpa_kernel(SDPBackend.MATH)
     return contextlib.nullcontext()

@@ -101,8 +101,15 @@ class MultiHeadAttention(nn.Module):
         d = self.h * self.d_k
         return self._heads(F.linear(memory, self.in_proj.weight[d:], self.in_proj.bias[d:]), 2)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, rows: Tensor | None = None,
-               is_causal: bool = False) -> Tensor:
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None = None,
+        rows: Tensor | None = None,
+        is_causal: bool = False,
+    ) -> Tensor:
         """SDPA over the heads, merge them and project; rows (from safe_mask) zeroes queries with no key."""
         with attention_kernel(q):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
@@ -165,8 +172,11 @@ class DecoderLayer(Layer):
     def forward(self, y: Tensor, memory: Tensor, mask: Tensor | None, rows: Tensor | None) -> Tensor:
         """All target positions at once, causal self-attention through SDPA's is_causal (fast kernels)."""
         y = self.sublayer(y, 0, lambda z: self.self_attn.attend(*self.self_attn.qkv(z), is_causal=True))
-        y = self.sublayer(y, 1, lambda z: self.cross_attn.attend(
-            self.cross_attn.q(z), *self.cross_attn.kv(memory), mask=mask, rows=rows))
+        y = self.sublayer(
+            y,
+            1,
+            lambda z: self.cross_attn.attend(self.cross_attn.q(z), *self.cross_attn.kv(memory), mask=mask, rows=rows),
+        )
         return self.sublayer(y, 2, self.ff)
 
     def step(self, y: Tensor, cache: Tensor, t: int, cross: Tensor, mask: Tensor, beam: int) -> Tensor:
@@ -224,9 +234,20 @@ class Decoder(nn.Module):
 class Transformer(nn.Module):
     """The encoder-decoder Transformer; defaults are the paper's base model."""
 
-    def __init__(self, src_vocab_size: int, tgt_vocab_size: int, pad_id: int, N: int = 6, d_model: int = 512,
-                 d_ff: int = 2048, h: int = 8, dropout: float = 0.1, norm_first: bool = False,
-                 tie_embeddings: bool = True, max_positions: int = 1024):
+    def __init__(
+        self,
+        src_vocab_size: int,
+        tgt_vocab_size: int,
+        pad_id: int,
+        N: int = 6,
+        d_model: int = 512,
+        d_ff: int = 2048,
+        h: int = 8,
+        dropout: float = 0.1,
+        norm_first: bool = False,
+        tie_embeddings: bool = True,
+        max_positions: int = 1024,
+    ):
         super().__init__()
         if d_model % h or d_model % 2:
             raise ValueError(f"d_model ({d_model}) must be even and divisible by h ({h})")

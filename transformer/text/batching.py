@@ -80,7 +80,9 @@ class _Ids:
         """The ids of each row in ``idx``, as views of the mapped chunks."""
         chunk = np.searchsorted(self.starts, idx, side="right") - 1
         local = idx - self.starts[chunk]
-        return [self.values[c][self.offsets[c][r] : self.offsets[c][r + 1]] for c, r in zip(chunk.tolist(), local.tolist())]
+        return [
+            self.values[c][self.offsets[c][r] : self.offsets[c][r + 1]] for c, r in zip(chunk.tolist(), local.tolist())
+        ]
 
     def gather(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The ids of rows ``idx`` concatenated, and their lengths (both int64)."""
@@ -156,7 +158,13 @@ def encode_corpus(corpus: Corpus, tokenizer: Tokenizer, max_len: int, cache_dir:
     if meta.is_file() and path.is_file():
         return EncodedCorpus(open_arrow(path), int(json.loads(meta.read_text())["dropped_long"]), path)
     dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
-    schema = pa.schema([("src", pa.list_(pa.from_numpy_dtype(dtype))), ("tgt", pa.list_(pa.from_numpy_dtype(dtype))), ("row", pa.int64())])
+    schema = pa.schema(
+        [
+            ("src", pa.list_(pa.from_numpy_dtype(dtype))),
+            ("tgt", pa.list_(pa.from_numpy_dtype(dtype))),
+            ("row", pa.int64()),
+        ]
+    )
     dropped = 0
 
     def batches() -> Iterator[pa.RecordBatch]:
@@ -167,7 +175,9 @@ def encode_corpus(corpus: Corpus, tokenizer: Tokenizer, max_len: int, cache_dir:
             keep = (_lengths(src) <= max_len) & (_lengths(tgt) <= max_len)
             dropped += int((~keep).sum())
             rows = np.flatnonzero(keep)
-            yield pa.record_batch([_list_array(src, rows, dtype), _list_array(tgt, rows, dtype), pa.array(rows + start)], schema=schema)
+            yield pa.record_batch(
+                [_list_array(src, rows, dtype), _list_array(tgt, rows, dtype), pa.array(rows + start)], schema=schema
+            )
 
     write_arrow(path, schema, batches())
     write_json(meta, {"name": corpus.name, "dropped_long": dropped, "max_len": max_len})
@@ -252,8 +262,9 @@ def _cut(sizes: np.ndarray, budget: int) -> np.ndarray:
     return np.array(cuts, dtype=np.int64)
 
 
-def padding_fraction(data: EncodedCorpus, batches: Sequence[Sequence[int]], pad_multiple: int = 1,
-                     static_tokens: int | None = None) -> float:
+def padding_fraction(
+    data: EncodedCorpus, batches: Sequence[Sequence[int]], pad_multiple: int = 1, static_tokens: int | None = None
+) -> float:
     """Share of the batches' tensor cells (source and target) that are padding, empty rows of
     ``collate(..., static_tokens)`` included."""
     real = padded = 0
@@ -290,8 +301,13 @@ def static_rows(batch_tokens: int, src_len: int, tgt_len: int) -> int:
     return max(1, batch_tokens // max(src_len, tgt_len))
 
 
-def collate(data: EncodedCorpus, indices: Sequence[int], tokenizer: Tokenizer, pad_multiple: int = 1,
-            static_tokens: int | None = None) -> Batch:
+def collate(
+    data: EncodedCorpus,
+    indices: Sequence[int],
+    tokenizer: Tokenizer,
+    pad_multiple: int = 1,
+    static_tokens: int | None = None,
+) -> Batch:
     """The batch of pairs ``indices``: source + <END>, <START> + target, target + <END>, right-padded.
 
     With ``static_tokens`` the batch also gets rows of nothing but <PAD> up to ``static_rows``, so

@@ -21,9 +21,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from transformer.text.arrow_files import ARROW_ROWS, cached_pairs
 from transformer.config import DataConfig
 from transformer.errors import DataError
+from transformer.text.arrow_files import ARROW_ROWS, cached_pairs
 from transformer.text.formats import Pairs, read_jsonl, read_text, read_tsv
 from transformer.text.hub import read_hub
 from transformer.text.multi30k import read_multi30k

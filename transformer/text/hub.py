@@ -45,7 +45,9 @@ def _table(cfg: DataConfig, split: str) -> tuple[pa.Table, str]:
             ds = datasets.load_from_disk(str(folder))
             if isinstance(ds, datasets.DatasetDict):
                 if split not in ds:
-                    raise DataError(f"dataset '{folder}' has no split '{split}' (splits: {', '.join(ds)}); fix data.*_split")
+                    raise DataError(
+                        f"dataset '{folder}' has no split '{split}' (splits: {', '.join(ds)}); fix data.*_split"
+                    )
                 ds = ds[split]
             elif split != cfg.train_split:
                 raise DataError(f"dataset '{folder}' holds a single split; set data.holdout: [n_valid, n_test]")

@@ -20,9 +20,9 @@ from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, tra
 from tokenizers import Tokenizer as HFTokenizer
 
 from transformer.config import TokenizerConfig
-from transformer.text.corpus import Corpus
 from transformer.errors import ConfigError, DataError
 from transformer.files import atomic_file
+from transformer.text.corpus import Corpus
 
 _SPACE = "▁"
 _BYTES = [f"<0x{b:02X}>" for b in range(256)]
@@ -72,7 +72,9 @@ class Tokenizer:
         try:
             hf = HFTokenizer.from_file(str(p))
         except Exception as e:  # tokenizers raises plain Exception for bad JSON
-            raise DataError(f"tokenizer file '{p}' is corrupt ({str(e).splitlines()[0]}); restore or retrain it") from None
+            raise DataError(
+                f"tokenizer file '{p}' is corrupt ({str(e).splitlines()[0]}); restore or retrain it"
+            ) from None
         return cls(hf)
 
     def save(self, path: str | Path) -> None:
@@ -127,7 +129,12 @@ def _pipeline(model: models.Model) -> HFTokenizer:
     """A tokenizer around ``model`` with the normaliser, pre-tokenizer and decoder described above."""
     hf = HFTokenizer(model)
     hf.normalizer = normalizers.Sequence(
-        [normalizers.NFC(), normalizers.Replace(_SPACE, " "), normalizers.Replace(Regex(r"\s+"), " "), normalizers.Strip()]
+        [
+            normalizers.NFC(),
+            normalizers.Replace(_SPACE, " "),
+            normalizers.Replace(Regex(r"\s+"), " "),
+            normalizers.Strip(),
+        ]
     )
     hf.pre_tokenizer = pre_tokenizers.Metaspace(replacement=_SPACE, prepend_scheme="always", split=True)
     hf.decoder = decoders.Sequence(
@@ -173,5 +180,7 @@ def _sample(corpus: Corpus, n: int) -> Iterator[str]:
 def train_tokenizer(cfg: TokenizerConfig, corpus: Corpus) -> Tokenizer:
     """Train the joint tokenizer on both sides of ``cfg.train_sample`` pairs of ``corpus``."""
     if not cfg.joint:
-        raise ConfigError("tokenizer.joint: false (separate vocabularies) is not supported yet; set tokenizer.joint: true")
+        raise ConfigError(
+            "tokenizer.joint: false (separate vocabularies) is not supported yet; set tokenizer.joint: true"
+        )
     return Tokenizer.train(_sample(corpus, cfg.train_sample), cfg.vocab_size, cfg.min_frequency)

@@ -23,11 +23,15 @@ def average(run_dir: str | Path, last: int, output: str | Path, overwrite: bool 
     if not dirs:
         raise CheckpointError(f"no step checkpoints in {run_dir}/checkpoints; pass a run directory such as runs/<name>")
     if len(dirs) < last:
-        raise CheckpointError(f"{run_dir} keeps only {len(dirs)} step checkpoints ({', '.join(d.name for d in dirs)}); "
-                              f"use --last {len(dirs)} or train with a larger train.keep_last")
+        raise CheckpointError(
+            f"{run_dir} keeps only {len(dirs)} step checkpoints ({', '.join(d.name for d in dirs)}); "
+            f"use --last {len(dirs)} or train with a larger train.keep_last"
+        )
     if output.resolve().is_relative_to((run_dir / "checkpoints").resolve()) or output.resolve() == run_dir.resolve():
-        raise CheckpointError(f"--output '{output}' would replace the run or one of its resumable checkpoints; "
-                              f"write the average elsewhere, e.g. {run_dir / f'avg{last}'}")
+        raise CheckpointError(
+            f"--output '{output}' would replace the run or one of its resumable checkpoints; "
+            f"write the average elsewhere, e.g. {run_dir / f'avg{last}'}"
+        )
     if output.exists() and not overwrite:
         raise CheckpointError(f"{output} already exists; pass --overwrite to replace it or choose another --output")
     chosen = dirs[-last:]
@@ -36,8 +40,9 @@ def average(run_dir: str | Path, last: int, output: str | Path, overwrite: bool 
     for path in chosen[:-1]:
         loaded = checkpoint.load(path)
         if loaded.tokenizer.fingerprint() != newest.tokenizer.fingerprint() or loaded.cfg.model != newest.cfg.model:
-            raise CheckpointError(f"{path} and {chosen[-1]} come from different models or tokenizers; "
-                                  "average only checkpoints of one run")
+            raise CheckpointError(
+                f"{path} and {chosen[-1]} come from different models or tokenizers; average only checkpoints of one run"
+            )
         for k, v in loaded.model.state_dict().items():
             if k in sums:
                 sums[k] += v.double()

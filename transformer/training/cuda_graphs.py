@@ -59,7 +59,9 @@ class MicroStepGraphs:
         if key not in self.captured:
             self.captured[key] = self._capture(batch)
         c = self.captured[key]
-        for static, new in zip((c.batch.src, c.batch.tgt_in, c.batch.tgt_out), (batch.src, batch.tgt_in, batch.tgt_out)):
+        for static, new in zip(
+            (c.batch.src, c.batch.tgt_in, c.batch.tgt_out), (batch.src, batch.tgt_in, batch.tgt_out)
+        ):
             static.copy_(new, non_blocking=True)
         c.scale.fill_(scale)
         c.graph.replay()

@@ -68,8 +68,10 @@ def init(device: torch.device) -> None:
         raise DistributedError(f"distributed training runs on cuda or cpu, not {device.type}; set device: cuda or cpu")
     if device.type == "cuda":
         if device.index >= torch.cuda.device_count():
-            raise DistributedError(f"local rank {device.index} has no GPU: this machine has "
-                                   f"{torch.cuda.device_count()}; start at most one process per GPU (--nproc_per_node)")
+            raise DistributedError(
+                f"local rank {device.index} has no GPU: this machine has "
+                f"{torch.cuda.device_count()}; start at most one process per GPU (--nproc_per_node)"
+            )
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=TIMEOUT)
 
@@ -107,8 +109,9 @@ def seed_dropout(seed: int) -> None:
         torch.manual_seed(seed + rank())
 
 
-def shard(micro: Sequence[list[int]], world: int | None = None,
-          rank_: int | None = None) -> list[tuple[list[int], float]]:
+def shard(
+    micro: Sequence[list[int]], world: int | None = None, rank_: int | None = None
+) -> list[tuple[list[int], float]]:
     """A rank's share of one update's batches as (indices, weight); every rank gets the same count.
 
     Rank r takes batches r, r + world, ...; a rank short of one (uneven last update) gets the
@@ -197,8 +200,9 @@ def gather_rng(device: torch.device) -> list[dict[str, torch.Tensor]] | None:
     return states
 
 
-def restore_rng(states: list[dict[str, torch.Tensor]] | None, device: torch.device, seed: int, step: int,
-                log: Callable[[str], None]) -> None:
+def restore_rng(
+    states: list[dict[str, torch.Tensor]] | None, device: torch.device, seed: int, step: int, log: Callable[[str], None]
+) -> None:
     """Put back this rank's saved RNG states; with another world size, re-seed each rank from (seed, step)."""
     if world_size() == 1:
         return
@@ -209,8 +213,10 @@ def restore_rng(states: list[dict[str, torch.Tensor]] | None, device: torch.devi
             torch.cuda.set_rng_state(own["cuda"], device)
         return
     torch.manual_seed(seed + rank() + 1_000_003 * step)
-    log(f"saved with {len(states) if states else 1} process(es), resumed with {world_size()}: dropout re-seeded, "
-        "so the run continues correctly but not bit-for-bit")
+    log(
+        f"saved with {len(states) if states else 1} process(es), resumed with {world_size()}: dropout re-seeded, "
+        "so the run continues correctly but not bit-for-bit"
+    )
 
 
 def launch(nproc: int, args: list[str]) -> int:

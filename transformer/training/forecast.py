@@ -25,8 +25,10 @@ def forecast(seconds_per_update: float, remaining_updates: int, device_type: str
     total = seconds_per_update * remaining_updates
     if total < LONG_S:
         return None
-    message = (f"at {seconds_per_update:.2f} s per update, the {remaining_updates:,} updates left to train.max_steps "
-               f"would take about {duration(total)} on this machine")
+    message = (
+        f"at {seconds_per_update:.2f} s per update, the {remaining_updates:,} updates left to train.max_steps "
+        f"would take about {duration(total)} on this machine"
+    )
     if device_type == "cpu":
         message += f"; on a CPU use a CPU-sized config: {CPU_CONFIGS}"
     return message

@@ -48,8 +48,9 @@ class _GeneratorLoss(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, eps: float, pad_id: int, dtype: torch.dtype,
-                grads: bool) -> tuple[Tensor, Tensor]:
+    def forward(
+        ctx, hidden: Tensor, weight: Tensor, target: Tensor, eps: float, pad_id: int, dtype: torch.dtype, grads: bool
+    ) -> tuple[Tensor, Tensor]:
         V = weight.size(0)
         h, w = hidden.to(dtype), weight.to(dtype)
         grad_h = torch.empty_like(h) if grads else None
@@ -82,8 +83,15 @@ class _GeneratorLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor | None, ...]:
         grad_h, grad_w = ctx.saved_tensors
-        return ((grad_h.float() * grad_loss).to(ctx.dtypes[0]), (grad_w * grad_loss).to(ctx.dtypes[1]),
-                None, None, None, None, None)
+        return (
+            (grad_h.float() * grad_loss).to(ctx.dtypes[0]),
+            (grad_w * grad_loss).to(ctx.dtypes[1]),
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 def generator_loss(hidden: Tensor, weight: Tensor, target: Tensor, eps: float, pad_id: int) -> tuple[Tensor, Tensor]:
@@ -96,5 +104,6 @@ def generator_loss(hidden: Tensor, weight: Tensor, target: Tensor, eps: float, p
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
     grads = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     with torch.autocast(device, enabled=False):
-        return _GeneratorLoss.apply(hidden.reshape(-1, hidden.size(-1)), weight, target.reshape(-1), eps, pad_id,
-                                    dtype, grads)
+        return _GeneratorLoss.apply(
+            hidden.reshape(-1, hidden.size(-1)), weight, target.reshape(-1), eps, pad_id, dtype, grads
+        )

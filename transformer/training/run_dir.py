@@ -32,8 +32,10 @@ def prepare(run_dir: Path, resume: bool, overwrite: bool, log: Callable[[str], N
         return newest_intact(run_dir, existing, log)
     if run_dir.exists() and any(run_dir.iterdir()):
         if not overwrite and holds_work(run_dir):
-            raise TrainError(f"run directory {run_dir} already exists; pass --resume to continue it, "
-                             "--overwrite to start again, or --set name=<new name>")
+            raise TrainError(
+                f"run directory {run_dir} already exists; pass --resume to continue it, "
+                "--overwrite to start again, or --set name=<new name>"
+            )
         if not overwrite:
             log(f"{run_dir} holds no checkpoint (a start that was interrupted); starting afresh")
         shutil.rmtree(run_dir)
@@ -43,8 +45,9 @@ def prepare(run_dir: Path, resume: bool, overwrite: bool, log: Callable[[str], N
 
 def holds_work(run_dir: Path) -> bool:
     """Whether a run directory has anything worth keeping: a step checkpoint, a best one, or an average."""
-    return bool(checkpoint.step_dirs(run_dir)) or any(p.is_dir() and (p / checkpoint.META).is_file()
-                                                      for p in run_dir.iterdir())
+    return bool(checkpoint.step_dirs(run_dir)) or any(
+        p.is_dir() and (p / checkpoint.META).is_file() for p in run_dir.iterdir()
+    )
 
 
 def newest_intact(run_dir: Path, step_dirs: list[Path], log: Callable[[str], None]) -> Path:
@@ -61,8 +64,10 @@ def newest_intact(run_dir: Path, step_dirs: list[Path], log: Callable[[str], Non
             problems.append(str(e))
             continue
         return path
-    raise TrainError(f"--resume: every checkpoint in {run_dir}/checkpoints is damaged ({problems[0]}); "
-                     "start without --resume, or restore one from a backup")
+    raise TrainError(
+        f"--resume: every checkpoint in {run_dir}/checkpoints is damaged ({problems[0]}); "
+        "start without --resume, or restore one from a backup"
+    )
 
 
 def check_compatible(cfg: Config, ckpt_dir: Path) -> None:
@@ -71,8 +76,10 @@ def check_compatible(cfg: Config, ckpt_dir: Path) -> None:
     diffs = [k for s in FROZEN_SECTIONS for k in _differences({s: old[s]}, {s: new[s]})]
     diffs += [k for k in _differences(old["data"], new["data"]) if k.startswith(("src_lang", "tgt_lang"))]
     if diffs:
-        raise TrainError(f"--resume refused: the config changed what the checkpoint means: {'; '.join(diffs)}; "
-                         "restore these values or start a new run")
+        raise TrainError(
+            f"--resume refused: the config changed what the checkpoint means: {'; '.join(diffs)}; "
+            "restore these values or start a new run"
+        )
 
 
 def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:

@@ -26,8 +26,9 @@ class StopSignals:
         self._previous = {s: signal.signal(s, self._on_signal) for s in HANDLED}
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
 
@@ -41,8 +42,11 @@ class StopSignals:
             raise SystemExit(128 + signum)
         self.signum = signum
         if not self.training:
-            self.log(f"{signal.Signals(signum).name}: stopping once this set-up step ends (interrupt again to stop "
-                     "at once)")
+            self.log(
+                f"{signal.Signals(signum).name}: stopping once this set-up step ends (interrupt again to stop at once)"
+            )
             return
-        self.log(f"{signal.Signals(signum).name}: finishing this update, then saving a resumable checkpoint "
-                 "(interrupt again to stop at once)")
+        self.log(
+            f"{signal.Signals(signum).name}: finishing this update, then saving a resumable checkpoint "
+            "(interrupt again to stop at once)"
+        )

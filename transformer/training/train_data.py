@@ -12,16 +12,17 @@ from pathlib import Path
 from typing import Callable
 
 from transformer import checkpoint
-from transformer.training import distributed
-from transformer.text.batching import EncodedCorpus, encode_corpus
 from transformer.config import Config
-from transformer.text.corpus import Corpus, load_split
 from transformer.errors import TrainError
+from transformer.text.batching import EncodedCorpus, encode_corpus
+from transformer.text.corpus import Corpus, load_split
 from transformer.text.tokenizer import Tokenizer, train_tokenizer
+from transformer.training import distributed
 
 
-def load(cfg: Config, run_dir: Path, tokenizer: Tokenizer | None,
-         log: Callable[[str], None]) -> tuple[Tokenizer, EncodedCorpus, Corpus, EncodedCorpus]:
+def load(
+    cfg: Config, run_dir: Path, tokenizer: Tokenizer | None, log: Callable[[str], None]
+) -> tuple[Tokenizer, EncodedCorpus, Corpus, EncodedCorpus]:
     """(tokenizer, encoded train split, valid split, encoded valid split); trains and saves a tokenizer if none."""
     d = cfg.data
     train = load_split(d, d.train_split)

@@ -17,27 +17,27 @@ import contextlib
 import json
 import math
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from collections.abc import Iterator
 from typing import Any, Callable
 
 import torch
 from tqdm import tqdm
 
 from transformer import checkpoint
-from transformer.training import distributed, run_dir, train_data, train_state
-from transformer.text.batching import make_batches
 from transformer.config import Config, dump
 from transformer.device import check_gpu_switches, check_precision, resolve_device, resolve_precision
 from transformer.errors import ConfigError
+from transformer.model.transformer import build_model
+from transformer.text.batching import make_batches
+from transformer.text.tokenizer import Tokenizer
+from transformer.training import distributed, run_dir, train_data, train_state
 from transformer.training.forecast import forecast
 from transformer.training.meter import Meter
-from transformer.model.transformer import build_model
 from transformer.training.prefetch import ahead
 from transformer.training.schedule import make_optimizer
 from transformer.training.signals import StopSignals
-from transformer.text.tokenizer import Tokenizer
 from transformer.training.train_state import TrainState
 from transformer.training.update import UpdateBatches, Updater, collate_update
 from transformer.training.validation import validate
@@ -56,8 +56,14 @@ class Result:
 class Trainer:
     """Trains the model a Config describes, into ``cfg.out_dir``."""
 
-    def __init__(self, cfg: Config, resume: bool = False, overwrite: bool = False, quiet: bool = False,
-                 log: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        resume: bool = False,
+        overwrite: bool = False,
+        quiet: bool = False,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
         self.resume = resume
         self.overwrite = overwrite
         self.quiet = quiet
@@ -78,8 +84,9 @@ class Trainer:
         distributed.init(self.device)
         try:
             if self.cfg.train.cuda_graphs and distributed.world_size() > 1:
-                raise ConfigError("train.cuda_graphs: true runs in one process only, not under torchrun; "
-                                  "set train.cuda_graphs: false")
+                raise ConfigError(
+                    "train.cuda_graphs: true runs in one process only, not under torchrun; set train.cuda_graphs: false"
+                )
             if not distributed.is_main():
                 self.log, self.quiet = (lambda msg: None), True
             elif note := distributed.unused_gpus_note(self.device):
@@ -145,8 +152,14 @@ class Trainer:
 
     def _loop(self) -> Result:
         """Train, then finish: the progress bar is closed whatever happens."""
-        self.bar = tqdm(total=self.cfg.train.max_steps, initial=self.state.step, disable=self.quiet, file=sys.stderr,
-                        dynamic_ncols=True, unit="step")
+        self.bar = tqdm(
+            total=self.cfg.train.max_steps,
+            initial=self.state.step,
+            disable=self.quiet,
+            file=sys.stderr,
+            dynamic_ncols=True,
+            unit="step",
+        )
         self.meter = Meter(self.state)
         self.last_eval_step = -1
         self.model.train()
@@ -186,17 +199,20 @@ class Trainer:
         """The rest of the current epoch's updates, collated (ahead, with ``train.prefetch``), each with the
         position in the epoch after it."""
         t = self.cfg.train
-        batches = make_batches(self.train_enc, t.batch_tokens, self.cfg.seed, self.state.epoch,
-                               shuffle=True, pad_multiple=t.pad_multiple)
+        batches = make_batches(
+            self.train_enc, t.batch_tokens, self.cfg.seed, self.state.epoch, shuffle=True, pad_multiple=t.pad_multiple
+        )
         size = t.accumulate * distributed.world_size()  # the update's batches, all ranks'
         pin = self.device.type == "cuda"
 
         def collated(i: int) -> tuple[int, UpdateBatches]:
-            return min(i + size, len(batches)), collate_update(batches[i:i + size], self.train_enc, self.tokenizer,
-                                                               self.cfg, pin)
+            return min(i + size, len(batches)), collate_update(
+                batches[i : i + size], self.train_enc, self.tokenizer, self.cfg, pin
+            )
 
-        with contextlib.closing(ahead(collated, range(self.state.batch_in_epoch, len(batches), size), t.prefetch)) \
-                as made:
+        with contextlib.closing(
+            ahead(collated, range(self.state.batch_in_epoch, len(batches), size), t.prefetch)
+        ) as made:
             yield from made
 
     def _count(self, out: tuple[float, float, int] | None, batch_in_epoch: int) -> None:
@@ -219,9 +235,19 @@ class Trainer:
         tps = self.meter.throughput()
         lr = self.optimizer.param_groups[0]["lr"]
         self.bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}")
-        self._record({"step": self.state.step, "kind": "train", "loss": loss, "nll": nll,
-                      "ppl": math.exp(min(nll, 50.0)), "lr": lr, "target_tokens_per_s": tps,
-                      "skipped_steps": self.state.skipped_steps, "elapsed_s": self.state.elapsed})
+        self._record(
+            {
+                "step": self.state.step,
+                "kind": "train",
+                "loss": loss,
+                "nll": nll,
+                "ppl": math.exp(min(nll, 50.0)),
+                "lr": lr,
+                "target_tokens_per_s": tps,
+                "skipped_steps": self.state.skipped_steps,
+                "elapsed_s": self.state.elapsed,
+            }
+        )
 
     def _forecast(self) -> None:
         """After the first few updates, say how long the rest would take, if that is long."""
@@ -268,8 +294,15 @@ class Trainer:
         before = self.state.valid_s
         with self.meter.aside("valid"):
             metrics = validate(self.model, self.tokenizer, self.cfg, self.device, self.valid, self.valid_enc)
-        self._record({"step": self.state.step, "kind": "valid", **metrics, "valid_s": self.state.valid_s - before,
-                      "elapsed_s": self.meter.since_start()})
+        self._record(
+            {
+                "step": self.state.step,
+                "kind": "valid",
+                **metrics,
+                "valid_s": self.state.valid_s - before,
+                "elapsed_s": self.meter.since_start(),
+            }
+        )
         if metrics["valid_bleu"] > self.state.best_bleu:
             self.state.best_bleu = metrics["valid_bleu"]
             self.state.evals_without_gain = 0
@@ -278,8 +311,10 @@ class Trainer:
                 checkpoint.save(self.run_dir / "best", self.cfg, self.tokenizer, self.model, meta)
         else:
             self.state.evals_without_gain += 1
-        self.log(f"step {self.state.step}: valid loss {metrics['valid_loss']:.3f} ppl {metrics['valid_ppl']:.2f} "
-                 f"BLEU {metrics['valid_bleu']:.2f} (best {self.state.best_bleu:.2f})")
+        self.log(
+            f"step {self.state.step}: valid loss {metrics['valid_loss']:.3f} ppl {metrics['valid_ppl']:.2f} "
+            f"BLEU {metrics['valid_bleu']:.2f} (best {self.state.best_bleu:.2f})"
+        )
 
     def _save(self, reason: str) -> None:
         """A resumable checkpoint, written by rank 0 with every rank's RNG state; the other ranks wait."""
@@ -300,10 +335,12 @@ class Trainer:
         code = 0
         if reason == "non_finite":
             lr = self.optimizer.param_groups[0]["lr"]
-            self.log(f"stopped: {self.cfg.train.max_bad_steps} updates in a row with non-finite loss or gradients at "
-                     f"step {self.state.step} (last finite loss {self.state.last_finite_loss:.4f}, lr {lr:.2e}, "
-                     f"loss scale {self.scaler.get_scale() if self.scaler.is_enabled() else 1.0}); lower train.peak_lr "
-                     "or train.lr_factor, or use precision: bf16 or fp32. Checkpoints before this point are intact.")
+            self.log(
+                f"stopped: {self.cfg.train.max_bad_steps} updates in a row with non-finite loss or gradients at "
+                f"step {self.state.step} (last finite loss {self.state.last_finite_loss:.4f}, lr {lr:.2e}, "
+                f"loss scale {self.scaler.get_scale() if self.scaler.is_enabled() else 1.0}); lower train.peak_lr "
+                "or train.lr_factor, or use precision: bf16 or fp32. Checkpoints before this point are intact."
+            )
             code = 1
         elif reason == "signal":
             code = self.signals.exit_code()
@@ -311,8 +348,10 @@ class Trainer:
             self._evaluate_and_keep_best()
         if reason != "non_finite":
             self._save(reason)
-        self.log(f"{reason}: step {self.state.step}, best valid BLEU {self.state.best_bleu:.2f}, "
-                 f"{self.state.skipped_steps} skipped updates; checkpoints in {self.run_dir}")
+        self.log(
+            f"{reason}: step {self.state.step}, best valid BLEU {self.state.best_bleu:.2f}, "
+            f"{self.state.skipped_steps} skipped updates; checkpoints in {self.run_dir}"
+        )
         self._record_time_split(reason)
         return Result(self.state, reason, code, self.run_dir)
 
@@ -321,7 +360,9 @@ class Trainer:
         s, split = self.state, self.meter.split()
         total = split["seconds"]
         self._record({"step": s.step, "kind": "end", "reason": reason, "from_step": s.split_from_step, **split})
-        share = [f"{name} {split[key] / 60:.1f} min ({100 * split[key] / max(total, 1e-9):.0f}%)"
-                 for name, key in (("training", "train_s"), ("validation", "valid_s"), ("checkpoints", "save_s"))]
+        share = [
+            f"{name} {split[key] / 60:.1f} min ({100 * split[key] / max(total, 1e-9):.0f}%)"
+            for name, key in (("training", "train_s"), ("validation", "valid_s"), ("checkpoints", "save_s"))
+        ]
         since = f" since step {s.split_from_step}" if s.split_from_step else ""
         self.log(f"time{since}: {total / 60:.1f} min: {', '.join(share)}")

@@ -15,17 +15,16 @@ from dataclasses import dataclass
 
 import torch
 
-from transformer.training import distributed
-from transformer.text.batching import Batch, EncodedCorpus, collate
 from transformer.config import Config
-from transformer.training.cuda_graphs import MicroStepGraphs
 from transformer.device import autocast
 from transformer.model.speed import training_attention
-from transformer.training.loss import generator_loss
 from transformer.model.transformer import Transformer
-from transformer.training.schedule import learning_rate
+from transformer.text.batching import Batch, EncodedCorpus, collate
 from transformer.text.tokenizer import Tokenizer
-
+from transformer.training import distributed
+from transformer.training.cuda_graphs import MicroStepGraphs
+from transformer.training.loss import generator_loss
+from transformer.training.schedule import learning_rate
 
 COMPILE_BACKEND = "inductor"  # torch.compile's default; the CPU tests swap in "aot_eager", which compiles in seconds
 
@@ -39,8 +38,9 @@ class UpdateBatches:
     total: int
 
 
-def collate_update(micro: list[list[int]], data: EncodedCorpus, tokenizer: Tokenizer, cfg: Config,
-                   pin: bool = False) -> UpdateBatches:
+def collate_update(
+    micro: list[list[int]], data: EncodedCorpus, tokenizer: Tokenizer, cfg: Config, pin: bool = False
+) -> UpdateBatches:
     """This rank's micro-batches of one update's index lists, collated (and pinned, for an asynchronous copy)."""
     t = cfg.train
     static = t.batch_tokens if t.static_shapes else None
@@ -58,8 +58,16 @@ def _pinned(b: Batch) -> Batch:
 class Updater:
     """Runs optimizer updates of ``model`` (through ``ddp``, its DistributedDataParallel wrapper or itself)."""
 
-    def __init__(self, cfg: Config, device: torch.device, model: Transformer, ddp: torch.nn.Module,
-                 optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, tokenizer: Tokenizer) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        device: torch.device,
+        model: Transformer,
+        ddp: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scaler: torch.amp.GradScaler,
+        tokenizer: Tokenizer,
+    ) -> None:
         self.cfg, self.device = cfg, device
         self.model, self.ddp = model, ddp
         self.forward = torch.compile(ddp, backend=COMPILE_BACKEND) if cfg.train.compile else ddp
@@ -71,8 +79,13 @@ class Updater:
         """One micro-batch's loss divided by the update's target tokens, and its summed NLL."""
         with autocast(self.cfg.precision, self.device), training_attention(self.device, batch.longest):
             hidden = self.forward(batch.src, batch.tgt_in, logits=False)
-            loss_sum, nll_sum = generator_loss(hidden, self.model.generator.weight, batch.tgt_out,
-                                               self.cfg.train.label_smoothing, self.tokenizer.pad_id)
+            loss_sum, nll_sum = generator_loss(
+                hidden,
+                self.model.generator.weight,
+                batch.tgt_out,
+                self.cfg.train.label_smoothing,
+                self.tokenizer.pad_id,
+            )
         return loss_sum / total, nll_sum
 
     def _graphed_step(self, batch: Batch, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,7 +97,8 @@ class Updater:
         return loss.detach(), nll.detach()
 
     def __call__(self, work: UpdateBatches, step: int) -> tuple[float, float, int] | None:
-        """Update ``step`` (from 1) over one update's batches; (loss, nll per token, target tokens), or None if skipped."""
+        """Update ``step`` (from 1) over one update's batches: (loss, nll per token, target tokens), or None if
+        skipped."""
         world, total = distributed.world_size(), work.total
         sums = torch.zeros(2, device=self.device)  # this rank's share of the update's loss and nll
         for k, (b, weight) in enumerate(work.batches):

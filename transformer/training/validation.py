@@ -12,20 +12,21 @@ import math
 
 import torch
 
-from transformer.text.batching import EncodedCorpus, collate, make_batches
 from transformer.config import Config
-from transformer.text.corpus import Corpus
-from transformer.device import autocast
 from transformer.decoding.scoring import score
-from transformer.model.speed import training_attention
-from transformer.training.loss import generator_loss
-from transformer.model.transformer import Transformer
-from transformer.text.tokenizer import Tokenizer
 from transformer.decoding.translator import Translator
+from transformer.device import autocast
+from transformer.model.speed import training_attention
+from transformer.model.transformer import Transformer
+from transformer.text.batching import EncodedCorpus, collate, make_batches
+from transformer.text.corpus import Corpus
+from transformer.text.tokenizer import Tokenizer
+from transformer.training.loss import generator_loss
 
 
-def validate(model: Transformer, tokenizer: Tokenizer, cfg: Config, device: torch.device,
-             valid: Corpus, valid_enc: EncodedCorpus) -> dict[str, float]:
+def validate(
+    model: Transformer, tokenizer: Tokenizer, cfg: Config, device: torch.device, valid: Corpus, valid_enc: EncodedCorpus
+) -> dict[str, float]:
     """Validation loss, perplexity, greedy BLEU and chrF; the model is left in training mode."""
     model.eval()
     loss_sum = nll_sum = 0.0
@@ -35,8 +36,9 @@ def validate(model: Transformer, tokenizer: Tokenizer, cfg: Config, device: torc
             b = collate(valid_enc, idx, tokenizer).to(device)
             with autocast(cfg.precision, device), training_attention(device, b.longest):
                 hidden = model(b.src, b.tgt_in, logits=False)
-                loss, nll = generator_loss(hidden, model.generator.weight, b.tgt_out, cfg.train.label_smoothing,
-                                           tokenizer.pad_id)
+                loss, nll = generator_loss(
+                    hidden, model.generator.weight, b.tgt_out, cfg.train.label_smoothing, tokenizer.pad_id
+                )
             loss_sum += float(loss)
             nll_sum += float(nll)
             tokens += b.n_tokens
@@ -47,5 +49,10 @@ def validate(model: Transformer, tokenizer: Tokenizer, cfg: Config, device: torc
     scores = score(hyps, refs, cfg.data.tgt_lang, cfg.decode.bleu_tokenize)
     model.train()
     nll = nll_sum / max(tokens, 1)
-    return {"valid_loss": loss_sum / max(tokens, 1), "valid_nll": nll, "valid_ppl": math.exp(min(nll, 50.0)),
-            "valid_bleu": scores.bleu, "valid_chrf": scores.chrf}
+    return {
+        "valid_loss": loss_sum / max(tokens, 1),
+        "valid_nll": nll,
+        "valid_ppl": math.exp(min(nll, 50.0)),
+        "valid_bleu": scores.bleu,
+        "valid_chrf": scores.chrf,
+    }
