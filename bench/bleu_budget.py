@@ -49,11 +49,10 @@ def train_tfm(cfg, minutes: float) -> tuple[Path, int]:
 def evaluate_tfm(ckpt: Path, src: list[str], refs: list[str], beam: int) -> tuple[float, float, float]:
     """(BLEU, chrF, seconds) of a tfm checkpoint on the test split."""
     loaded = checkpoint.load(ckpt)
-    t = Translator(
-        loaded.model, loaded.tokenizer, loaded.cfg.decode, loaded.cfg.model.max_positions, torch.device("cpu")
-    )
+    decode = dataclasses.replace(loaded.cfg.decode, beam=beam, nbest=1)
+    t = Translator(loaded.model, loaded.tokenizer, decode, loaded.cfg.model.max_positions, torch.device("cpu"))
     start = time.perf_counter()
-    hyps = [x.best for x in t.translate(src, beam=beam)]
+    hyps = [x.best for x in t.translate(src)]
     s = score(hyps, refs, loaded.cfg.data.tgt_lang)
     return s.bleu, s.chrf, time.perf_counter() - start
 

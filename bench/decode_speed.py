@@ -52,17 +52,19 @@ class Setting:
 
 
 def tfm_decoder(loaded: checkpoint.Loaded, precision: str = "fp32", device: str = "cpu") -> Decoder:
-    """tfm's Translator; each call's lines form one batch."""
-    decode = replace(loaded.cfg.decode, batch_tokens=10**9)
-    t = Translator(
-        loaded.model.to(device),
-        loaded.tokenizer,
-        decode,
-        loaded.cfg.model.max_positions,
-        torch.device(device),
-        precision,
-    )
-    return lambda lines, beam: [x.best for x in t.translate_chunk(lines, beam=beam)]
+    """tfm's Translator (one for each beam size asked for); each call's lines form one batch."""
+    model = loaded.model.to(device)
+    made: dict[int, Translator] = {}
+
+    def decode(lines: list[str], beam: int) -> list[str]:
+        if beam not in made:
+            settings = replace(loaded.cfg.decode, batch_tokens=10**9, beam=beam, nbest=1)
+            made[beam] = Translator(
+                model, loaded.tokenizer, settings, loaded.cfg.model.max_positions, torch.device(device), precision
+            )
+        return [x.best for x in made[beam].translate_chunk(lines)]
+
+    return decode
 
 
 def _limits(ids: list[list[int]], a: float, b: int) -> list[int]:

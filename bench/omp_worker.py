@@ -14,6 +14,7 @@ import json
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -42,10 +43,11 @@ def main(ckpt: str, data: str) -> None:
     beam_search(model, src, tok.start_id, tok.end_id, beam=5)
     decode_s = time.perf_counter() - start
 
-    translator = Translator(model, tok, loaded.cfg.decode, loaded.cfg.model.max_positions, torch.device("cpu"))
+    beam5 = replace(loaded.cfg.decode, beam=5)
+    translator = Translator(model, tok, beam5, loaded.cfg.model.max_positions, torch.device("cpu"))
     start = time.perf_counter()
     for line in SENTENCES[:8]:
-        translator.translate_chunk([line], beam=5)
+        translator.translate_chunk([line])
     single_s = time.perf_counter() - start
 
     cfg = loaded.cfg

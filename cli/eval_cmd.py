@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 from cli.errors import fail
-from cli.guards import check_alpha, check_beam, check_folder, check_input, write_failed
+from cli.guards import check_alpha, check_beam, check_folder, check_input, decode_settings, write_failed
 
 
 def _read(path: Path) -> list[str]:
@@ -72,27 +73,24 @@ def run_eval(
         if len(sources) != len(references):
             fail(f"{src} has {len(sources)} lines but {ref} has {len(references)}; give one reference per source line")
     else:
-        if data_dir:
-            cfg.data.path = data_dir
-        name = split or cfg.data.test_split
+        data = dataclasses.replace(cfg.data, path=data_dir) if data_dir else cfg.data
+        name = split or data.test_split
         try:
-            corpus = load_split(cfg.data, name)
+            corpus = load_split(data, name)
         except DataError as e:
             raise DataError(
                 f"{e} (the corpus is looked for where the checkpoint was trained: data.path "
-                f"'{cfg.data.path}'; pass --data-dir to read it elsewhere)"
+                f"'{data.path}'; pass --data-dir to read it elsewhere)"
             ) from None
         sources, references = list(corpus.src), list(corpus.tgt)
-    beam = beam or cfg.decode.beam
-    if alpha is not None:
-        cfg.decode.alpha = alpha
-    translator = Translator(loaded.model, loaded.tokenizer, cfg.decode, cfg.model.max_positions, dev, precision)
-    hyps = [t.best for t in translator.translate(sources, beam)]
-    scores = score(hyps, references, cfg.data.tgt_lang, cfg.decode.bleu_tokenize)
+    decode = decode_settings(cfg.decode, beam=beam, nbest=1, alpha=alpha)
+    translator = Translator(loaded.model, loaded.tokenizer, decode, cfg.model.max_positions, dev, precision)
+    hyps = [t.best for t in translator.translate(sources)]
+    scores = score(hyps, references, cfg.data.tgt_lang, decode.bleu_tokenize)
     _print_scores(scores)
     out_dir = output_dir or path / "eval"
-    result = {"checkpoint": str(path), "split": name, "beam": beam, "alpha": cfg.decode.alpha, **scores.as_dict()}
-    stem = f"{name}.beam{beam}" + (f".alpha{alpha:g}" if alpha is not None else "")
+    result = {"checkpoint": str(path), "split": name, "beam": decode.beam, "alpha": decode.alpha, **scores.as_dict()}
+    stem = f"{name}.beam{decode.beam}" + (f".alpha{alpha:g}" if alpha is not None else "")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / f"{stem}.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import stat
 import sys
 from pathlib import Path
+from typing import Any
 
 from cli.errors import fail
+from transformer.config import DecodeConfig, check_decode
 
 
 def same_file(a: Path, b: Path) -> bool:
@@ -92,3 +95,9 @@ def check_alpha(alpha: float | None) -> None:
 def write_failed(path: Path | str, e: OSError) -> None:
     """One line for an output that could not be written (a full disk, a closed pipe, a read-only file system)."""
     fail(f"cannot write {path}: {e.strerror or e}; free some space or write elsewhere")
+
+
+def decode_settings(decode: DecodeConfig, **given: Any) -> DecodeConfig:
+    """The checkpoint's decode settings with the flags the user gave (None: not given), checked together: the one
+    value in which a translation's settings reach the Translator (the loaded config is left as it was)."""
+    return check_decode(dataclasses.replace(decode, **{k: v for k, v in given.items() if v is not None}))

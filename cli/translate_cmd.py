@@ -9,7 +9,15 @@ from pathlib import Path
 from typing import IO, Iterable, Iterator
 
 from cli.errors import fail
-from cli.guards import check_alpha, check_beam, check_input, check_output, check_stdout, write_failed
+from cli.guards import (
+    check_alpha,
+    check_beam,
+    check_input,
+    check_output,
+    check_stdout,
+    decode_settings,
+    write_failed,
+)
 
 
 def _lines(stream: Iterable[bytes], name: str) -> Iterator[str]:
@@ -76,11 +84,7 @@ def run_translate(
     check_precision(precision, dev)
     loaded = ckpt.load(checkpoint or ckpt.newest(runs), dev)
     check_beam(beam, loaded.tokenizer.vocab_size)
-    decode = loaded.cfg.decode
-    if batch_tokens is not None:
-        decode.batch_tokens = batch_tokens
-    if alpha is not None:
-        decode.alpha = alpha
+    decode = decode_settings(loaded.cfg.decode, beam=beam, nbest=nbest, batch_tokens=batch_tokens, alpha=alpha)
     translator = Translator(loaded.model, loaded.tokenizer, decode, loaded.cfg.model.max_positions, dev, precision)
     with contextlib.ExitStack() as stack:
         if text is not None:
@@ -90,7 +94,7 @@ def run_translate(
         else:
             lines = _lines(sys.stdin.buffer, "stdin")
         count, interrupted = _translate_into(
-            output, translator.translate(lines, beam, nbest, chunk=1 if text is not None else 1000), nbest
+            output, translator.translate(lines, chunk=1 if text is not None else 1000), decode.nbest
         )
     if interrupted:
         print(f"interrupted: {count} complete lines written", file=sys.stderr)

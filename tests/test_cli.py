@@ -6,6 +6,7 @@ import re
 import shlex
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -84,6 +85,10 @@ def test_nbest(trained):
     assert r.returncode == 0 and len(rows) == 3 and all(row.startswith("1 ||| ") for row in rows)
     scores = [float(row.rsplit("|||", 1)[1]) for row in rows]
     assert scores == sorted(scores, reverse=True)
+    r = tfm("translate", "Ein Hund läuft.", "--runs", trained, "--beam", "2", "--nbest", "3")
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "error: nbest 3 is larger than the beam 2; ask for at most 2 (--nbest, or decode.nbest in a config)"
+    ]
 
 
 def test_eval_prints_signature_and_writes_scores(trained, tmp_path):
@@ -249,8 +254,9 @@ def zh_en_model(tmp_path_factory: pytest.TempPathFactory, chinese_pairs: list[tu
 
 def test_tiny_en_zh_model_reproduces_32_pairs_exactly(en_zh_model: Path, chinese_pairs: list[tuple[str, str]]) -> None:
     loaded = checkpoint.load(en_zh_model)
-    translator = Translator(loaded.model, loaded.tokenizer, loaded.cfg.decode, 128, torch.device("cpu"))
-    out = [t.best for t in translator.translate([e for e, _ in chinese_pairs], beam=1)]
+    greedy = replace(loaded.cfg.decode, beam=1)
+    translator = Translator(loaded.model, loaded.tokenizer, greedy, 128, torch.device("cpu"))
+    out = [t.best for t in translator.translate([e for e, _ in chinese_pairs])]
     assert [(e, z, o) for (e, z), o in zip(chinese_pairs, out) if z != o] == []
 
 

@@ -48,6 +48,12 @@ def test_gpu_base_config_is_the_base_model_with_whole_updates_per_batch():
     assert (gpu["device"], gpu["precision"]) == ("cuda", "auto")
 
 
+def test_a_config_file_takes_the_devices_the_command_line_takes(tmp_path):
+    assert config.load(_write(tmp_path, "device: cuda:1\n")).device == "cuda:1"
+    with pytest.raises(ConfigError, match=r"device: 'gpu' is not one of auto, cpu, cuda, cuda:N, mps"):
+        config.load(_write(tmp_path, "device: gpu\n"))
+
+
 def test_unknown_key_suggests_the_right_one(tmp_path):
     with pytest.raises(ConfigError, match=r"unknown config key 'train.warmpu'; did you mean 'train.warmup'\?"):
         config.load(_write(tmp_path, "train:\n  warmpu: 10\n"))

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -55,11 +56,11 @@ def _translate(ckpt: Path, lines: list[str]) -> list[str]:
     translator = Translator(
         loaded.model,
         loaded.tokenizer,
-        loaded.cfg.decode,
+        replace(loaded.cfg.decode, beam=1),
         loaded.cfg.model.max_positions,
         loaded.model.generator.weight.device,
     )
-    return [t.best for t in translator.translate(lines, beam=1)]
+    return [t.best for t in translator.translate(lines)]
 
 
 def test_shard_gives_every_rank_the_same_count():

@@ -1,5 +1,7 @@
 """Translator: one output per input line, in order, whatever the batching; bad lines handled."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -8,7 +10,7 @@ from tiny import tiny_config
 
 from transformer.decoding.speed import matmul_weights_in
 from transformer.decoding.translator import Translator, clean_line
-from transformer.errors import TranslateError
+from transformer.errors import ConfigError, TranslateError
 from transformer.model.transformer import build_model
 from transformer.text.tokenizer import Tokenizer
 
@@ -26,6 +28,11 @@ def translator(tmp_path_factory):
     return t
 
 
+def with_decode(t: Translator, **decode) -> Translator:
+    """The fixture's model and tokenizer with other decode settings: a Translator of their own."""
+    return Translator(t.model, t.tokenizer, replace(t.decode, **decode), t.max_positions, t.device, t.precision)
+
+
 def test_clean_line():
     assert clean_line("\ufeffEin  Mann\tfährt.\r") == "Ein Mann fährt."
     assert clean_line("a\x00b\x07c") == "a b c"
@@ -34,36 +41,34 @@ def test_clean_line():
 
 def test_one_line_out_per_line_in_and_empty_stays_empty(translator):
     lines = ["Ein Mann.", "", "   ", "Der Hund läuft im Park und der Mann fährt Fahrrad.", "\ufeff\r", "😀 Привет 我们"]
-    out = translator.translate_chunk(lines, beam=2)
+    out = with_decode(translator, beam=2).translate_chunk(lines)
     assert len(out) == len(lines)
     assert [o.best for o in out][1:3] == ["", ""] and out[4].best == ""
 
 
 def test_order_and_chunking_do_not_change_results(translator):
     lines = [" ".join(["Mann"] * n) + " fährt." for n in (5, 1, 9, 3, 7, 2)]
-    whole = [t.best for t in translator.translate(lines, beam=2, chunk=100)]
-    chunked = [t.best for t in translator.translate(lines, beam=2, chunk=2)]
-    reversed_ = [t.best for t in translator.translate(lines[::-1], beam=2)][::-1]
+    beam2 = with_decode(translator, beam=2)
+    whole = [t.best for t in beam2.translate(lines, chunk=100)]
+    chunked = [t.best for t in beam2.translate(lines, chunk=2)]
+    reversed_ = [t.best for t in beam2.translate(lines[::-1])][::-1]
     assert whole == chunked == reversed_
 
 
 def test_too_long_lines_truncate_or_error(translator):
     long = "Mann " * 500
     warnings = []
-    translator.warn = warnings.append
-    assert len(translator.translate_chunk([long, "Hund"], beam=1)) == 2
+    greedy = with_decode(translator, beam=1)
+    greedy.warn = warnings.append
+    assert len(greedy.translate_chunk([long, "Hund"])) == 2
     assert warnings and "line 1" in warnings[0] and "truncated" in warnings[0]
-    translator.decode.too_long = "error"
-    try:
-        with pytest.raises(TranslateError, match="line 1: .* tokens"):
-            translator.translate_chunk([long], beam=1)
-    finally:
-        translator.decode.too_long = "truncate"
+    with pytest.raises(TranslateError, match="line 1: .* tokens"):
+        with_decode(translator, beam=1, too_long="error").translate_chunk([long])
 
 
 def test_nbest_larger_than_beam_refused(translator):
-    with pytest.raises(TranslateError, match="--nbest 3 is larger than --beam 2"):
-        translator.translate_chunk(["Hund"], beam=2, nbest=3)
+    with pytest.raises(ConfigError, match="nbest 3 is larger than the beam 2; ask for at most 2"):
+        with_decode(translator, beam=2, nbest=3)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -76,7 +81,7 @@ def test_nbest_larger_than_beam_refused(translator):
 )
 def test_any_unicode_gives_one_line_per_input(translator, lines):
     """Any str, with newlines inside and lone surrogates (Python's stand-ins for undecodable argv bytes)."""
-    out = translator.translate_chunk(lines, beam=1)
+    out = with_decode(translator, beam=1).translate_chunk(lines)
     assert len(out) == len(lines)
     assert all("\n" not in o.best for o in out)
 
@@ -89,14 +94,13 @@ def test_half_precision_casts_weights_once_and_translates_as_autocast(translator
     assert half.src_embed.weight.dtype == torch.float32 and model.generator.weight.dtype == torch.float32
     assert model.generator.weight is model.src_embed.weight  # the original is untouched, still tied
     assert half.kv_pool is not model.kv_pool
-    t = Translator(
-        model, translator.tokenizer, translator.decode, translator.max_positions, torch.device("cpu"), "bf16"
-    )
+    decode = replace(translator.decode, beam=3, nbest=2)
+    t = Translator(model, translator.tokenizer, decode, translator.max_positions, torch.device("cpu"), "bf16")
     assert t.model is not model
     lines = SENTENCES[:8]
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        want = [(o.texts, o.scores) for o in translator.translate_chunk(lines, beam=3, nbest=2)]
-    assert [(o.texts, o.scores) for o in t.translate_chunk(lines, beam=3, nbest=2)] == want
+        want = [(o.texts, o.scores) for o in with_decode(translator, beam=3, nbest=2).translate_chunk(lines)]
+    assert [(o.texts, o.scores) for o in t.translate_chunk(lines)] == want
 
 
 @settings(max_examples=200, deadline=None)

@@ -101,6 +101,7 @@ class DecodeConfig:
     """Search settings used by translate, eval and validation BLEU."""
 
     beam: int = 4
+    nbest: int = 1  # hypotheses returned per sentence, at most beam
     alpha: float = 0.6
     max_len_a: float = 1.0
     max_len_b: int = 50
@@ -131,8 +132,8 @@ class Config:
         return Path(self.run_dir) / self.name
 
 
+DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?|mps")  # what device accepts, in a config file as on the command line
 _CHOICES = {
-    "device": ("auto", "cpu", "cuda", "mps"),
     "precision": ("fp32", "bf16", "fp16", "auto"),
     "data.format": ("multi30k", "text", "tsv", "jsonl", "hf"),
     "decode.too_long": ("truncate", "error"),
@@ -166,6 +167,7 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("train.log_every", lambda v: v >= 1, "at least 1"),
     ("train.prefetch", lambda v: 0 <= v <= 64, "in [0, 64] (0: off)"),
     ("decode.beam", lambda v: v >= 1, "at least 1"),
+    ("decode.nbest", lambda v: v >= 1, "at least 1"),
     ("decode.alpha", lambda v: v >= 0, "0 or more"),
     ("decode.max_len_a", lambda v: v >= 0, "0 or more"),
     ("decode.max_len_b", lambda v: v >= 0, "0 or more"),
@@ -274,6 +276,8 @@ def validate(cfg: Config) -> Config:
         value = _get(cfg, key)
         if value not in choices:
             raise ConfigError(f"{key}: '{value}' is not one of {', '.join(choices)}")
+    if not DEVICE.fullmatch(cfg.device):
+        raise ConfigError(f"device: '{cfg.device}' is not one of auto, cpu, cuda, cuda:N, mps")
     for key, ok, want in _RANGES:
         value = _get(cfg, key)
         if not ok(value):
@@ -316,9 +320,20 @@ def validate(cfg: Config) -> Config:
         )
     if cfg.data.holdout is not None and (len(cfg.data.holdout) != 2 or min(cfg.data.holdout) < 1):
         raise ConfigError("data.holdout must be [valid_size, test_size], both at least 1")
+    check_decode(cfg.decode)
     if len(cfg.train.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.train.betas):
         raise ConfigError(f"train.betas must be two numbers in [0, 1), got {cfg.train.betas}")
     return cfg
+
+
+def check_decode(decode: DecodeConfig) -> DecodeConfig:
+    """What the decode settings' types cannot say: no more n-best than the beam holds."""
+    if decode.nbest > decode.beam:
+        raise ConfigError(
+            f"nbest {decode.nbest} is larger than the beam {decode.beam}; ask for at most {decode.beam} "
+            "(--nbest, or decode.nbest in a config)"
+        )
+    return decode
 
 
 def _parse_scalar(text: str) -> Any:

@@ -16,7 +16,7 @@ from typing import Iterable, Iterator
 
 import torch
 
-from transformer.config import DecodeConfig
+from transformer.config import DecodeConfig, check_decode
 from transformer.decoding.search import Hypothesis, beam_search, greedy_search
 from transformer.decoding.speed import matmul_weights_in
 from transformer.device import DTYPES, autocast
@@ -56,7 +56,8 @@ class Translation:
 
 
 class Translator:
-    """A trained model with its tokenizer and decode settings."""
+    """A trained model with its tokenizer and decode settings (``decode``: beam, n-best, length penalty, lengths,
+    batch size: the one value every setting of a translation arrives in)."""
 
     def __init__(
         self,
@@ -69,7 +70,7 @@ class Translator:
     ) -> None:
         self.model = model.eval() if precision == "fp32" else matmul_weights_in(model, DTYPES[precision])
         self.tokenizer = tokenizer
-        self.decode = decode
+        self.decode = check_decode(decode)
         self.max_positions = max_positions
         self.device = device
         self.precision = precision
@@ -88,41 +89,36 @@ class Translator:
                 ids[i] = seq[:limit]
         return ids
 
-    def _search(self, src: torch.Tensor, beam: int, nbest: int) -> list[list[Hypothesis]]:
+    def _search(self, src: torch.Tensor) -> list[list[Hypothesis]]:
         t = self.tokenizer
         d = self.decode
         with (
             autocast(self.precision, self.device),
-            decoding_threads(self.device, src.size(0) * beam),
+            decoding_threads(self.device, src.size(0) * d.beam),
             shape_changing_attention(self.device),
         ):
-            if beam == 1:
+            if d.beam == 1:
                 return [[h] for h in greedy_search(self.model, src, t.start_id, t.end_id, d.max_len_a, d.max_len_b)]
             return beam_search(
                 self.model,
                 src,
                 t.start_id,
                 t.end_id,
-                beam=beam,
+                beam=d.beam,
                 alpha=d.alpha,
-                nbest=nbest,
+                nbest=d.nbest,
                 max_len_a=d.max_len_a,
                 max_len_b=d.max_len_b,
             )
 
-    def translate_chunk(
-        self, lines: list[str], beam: int | None = None, nbest: int = 1, first_line_no: int = 1
-    ) -> list[Translation]:
+    def translate_chunk(self, lines: list[str], first_line_no: int = 1) -> list[Translation]:
         """Translate a list of lines, returning one Translation per line in the same order."""
-        beam = self.decode.beam if beam is None else beam
-        if nbest > beam:
-            raise TranslateError(f"--nbest {nbest} is larger than --beam {beam}; ask for at most {beam}")
         cleaned = [clean_line(line) for line in lines]
         ids = self._ids(cleaned, first_line_no)
         out = [Translation([], []) for _ in lines]
         for batch in sorted_batches([len(seq) for seq in ids], self.decode.batch_tokens):
             src = source_tensor([ids[i] for i in batch], self.tokenizer)
-            hyps = self._search(src.to(self.device), beam, nbest)
+            hyps = self._search(src.to(self.device))
             texts = self.tokenizer.decode_batch([h.tokens for hs in hyps for h in hs])
             k = 0
             for i, hs in zip(batch, hyps):
@@ -130,9 +126,7 @@ class Translator:
                 k += len(hs)
         return out
 
-    def translate(
-        self, lines: Iterable[str], beam: int | None = None, nbest: int = 1, chunk: int = 1000
-    ) -> Iterator[Translation]:
+    def translate(self, lines: Iterable[str], chunk: int = 1000) -> Iterator[Translation]:
         """Stream translations of ``lines`` in input order, holding at most ``chunk`` lines at a time."""
         it = iter(lines)
         line_no = 1
@@ -140,5 +134,5 @@ class Translator:
             part = list(islice(it, chunk))
             if not part:
                 return
-            yield from self.translate_chunk(part, beam, nbest, line_no)
+            yield from self.translate_chunk(part, line_no)
             line_no += len(part)

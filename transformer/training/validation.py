@@ -9,6 +9,7 @@ small part of a run.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 
@@ -44,8 +45,9 @@ def validate(
             tokens += b.n_tokens
     n = cfg.train.eval_sentences
     src, refs = list(valid.src[:n]), list(valid.tgt[:n])
-    translator = Translator(model, tokenizer, cfg.decode, cfg.model.max_positions, device, cfg.precision)
-    hyps = [t.best for t in translator.translate(src, beam=1)]
+    greedy = replace(cfg.decode, beam=1, nbest=1)
+    translator = Translator(model, tokenizer, greedy, cfg.model.max_positions, device, cfg.precision)
+    hyps = [t.best for t in translator.translate(src)]
     scores = score(hyps, refs, cfg.data.tgt_lang, cfg.decode.bleu_tokenize)
     model.train()
     nll = nll_sum / max(tokens, 1)
