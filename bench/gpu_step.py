@@ -37,7 +37,7 @@ from bench import train_speed
 from bench.common import DEFAULT_DATA, ROOT, interleave, machine, median, paired_ratio
 from bench.flops import matmul_peak
 from transformer.config import Config, load
-from transformer.device import resolve_precision
+from transformer.device import PRECISIONS, resolve_precision
 from transformer.model.transformer import build_model
 from transformer.text.batching import EncodedCorpus, encode_corpus, make_batches
 from transformer.text.corpus import load_split
@@ -88,7 +88,7 @@ class System:
         precision = resolve_precision(cfg.precision, device)
         self.cfg = replace(cfg, precision=precision)
         opt = make_optimizer(model, cfg.train, device)
-        scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+        scaler = torch.amp.GradScaler(device.type, enabled=PRECISIONS[precision].loss_scaling)
         self.updater = Updater(self.cfg, device, model, model, opt, scaler, tok)
         self.data, self.tok, self.updates = data, tok, updates
         self.first_s: list[float] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import ContextManager
 
 import torch
@@ -10,7 +11,29 @@ import torch
 from transformer.config import TrainConfig
 from transformer.errors import ConfigError
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # the half precisions, by config name
+
+@dataclass(frozen=True)
+class Precision:
+    """A precision a config names: the dtype matmuls run in, and whether the loss needs scaling (fp16's range)."""
+
+    name: str
+    dtype: torch.dtype
+    loss_scaling: bool = False
+
+    @property
+    def mixed(self) -> bool:
+        """Whether matmuls run below fp32, under autocast."""
+        return self.dtype != torch.float32
+
+
+PRECISIONS = {
+    p.name: p
+    for p in (
+        Precision("fp32", torch.float32),
+        Precision("bf16", torch.bfloat16),
+        Precision("fp16", torch.float16, True),
+    )
+}
 
 
 def resolve_device(name: str) -> torch.device:
@@ -64,21 +87,22 @@ def cpu_has_amx() -> bool:
     return bool(supported and supported())
 
 
-def check_precision(precision: str, device: torch.device) -> None:
-    """fp32, bf16 or fp16; fp16 needs a GPU (CPU fp16 matmuls are slow and GradScaler is CUDA-only here)."""
-    if precision not in ("fp32", *DTYPES):
-        raise ConfigError(f"precision '{precision}' is not one of fp32, {', '.join(DTYPES)}; pick one of them")
-    if precision == "fp16" and device.type != "cuda":
+def check_precision(precision: str, device: torch.device) -> Precision:
+    """The Precision named fp32, bf16 or fp16; fp16 needs a GPU (CPU fp16 matmuls are slow and GradScaler is
+    CUDA-only here)."""
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision '{precision}' is not one of {', '.join(PRECISIONS)}; pick one of them")
+    if PRECISIONS[precision].loss_scaling and device.type != "cuda":
         raise ConfigError(
             f"precision: fp16 needs a CUDA GPU but the device is {device.type}; use precision: bf16 or fp32"
         )
+    return PRECISIONS[precision]
 
 
 def autocast(precision: str, device: torch.device) -> ContextManager:
     """Mixed precision for the forward pass; fp32 is a no-op context."""
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=DTYPES[precision])
+    p = PRECISIONS[precision]
+    return torch.autocast(device_type=device.type, dtype=p.dtype) if p.mixed else contextlib.nullcontext()
 
 
 def check_gpu_switches(train: TrainConfig, precision: str, device: torch.device) -> None:
@@ -87,7 +111,7 @@ def check_gpu_switches(train: TrainConfig, precision: str, device: torch.device)
     for key, on in (("train.compile", train.compile), ("train.cuda_graphs", train.cuda_graphs)):
         if on and device.type != "cuda":
             raise ConfigError(f"{key}: true needs a CUDA GPU but the device is {device.type}; set {key}: false")
-    if train.cuda_graphs and precision == "fp16":
+    if train.cuda_graphs and PRECISIONS[precision].loss_scaling:
         raise ConfigError(
             "train.cuda_graphs: true does not work with precision fp16 (loss scaling); use bf16 or fp32, "
             "or set train.cuda_graphs: false"

@@ -19,7 +19,7 @@ import torch
 from transformer.config import DecodeConfig, check_decode
 from transformer.decoding.search import Hypothesis, beam_search, greedy_search
 from transformer.decoding.speed import matmul_weights_in
-from transformer.device import DTYPES, autocast
+from transformer.device import PRECISIONS, autocast
 from transformer.errors import TranslateError
 from transformer.model.speed import shape_changing_attention
 from transformer.model.transformer import Transformer
@@ -68,7 +68,8 @@ class Translator:
         device: torch.device,
         precision: str = "fp32",
     ) -> None:
-        self.model = model.eval() if precision == "fp32" else matmul_weights_in(model, DTYPES[precision])
+        p = PRECISIONS[precision]
+        self.model = matmul_weights_in(model, p.dtype) if p.mixed else model.eval()
         self.tokenizer = tokenizer
         self.decode = check_decode(decode)
         self.max_positions = max_positions

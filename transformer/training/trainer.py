@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from transformer import checkpoint
 from transformer.config import Config, dump
-from transformer.device import check_gpu_switches, check_precision, resolve_device, resolve_precision
+from transformer.device import PRECISIONS, check_gpu_switches, check_precision, resolve_device, resolve_precision
 from transformer.errors import ConfigError
 from transformer.model.transformer import build_model
 from transformer.text.batching import make_batches
@@ -120,7 +120,7 @@ class Trainer:
         ddp = distributed.wrap(self.model, self.device)
         distributed.seed_dropout(cfg.seed)
         self.optimizer = make_optimizer(self.model, t, self.device)
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16")
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=PRECISIONS[cfg.precision].loss_scaling)
         self.update = Updater(cfg, self.device, self.model, ddp, self.optimizer, self.scaler, self.tokenizer)
         if distributed.is_main():
             (self.run_dir / checkpoint.CONFIG).write_text(dump(cfg), encoding="utf-8")
