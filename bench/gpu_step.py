@@ -33,7 +33,6 @@ from typing import Any
 
 import torch
 
-from bench import train_speed
 from bench.common import DEFAULT_DATA, ROOT, interleave, machine, median, paired_ratio
 from bench.flops import matmul_peak
 from transformer.config import Config, load
@@ -308,6 +307,8 @@ def main() -> None:
         }
 
     def marian() -> Callable[[int], None]:
+        from bench import train_speed  # needs transformers, the peer: only when it is installed
+
         batches = [
             w.batches[0][0].to(device)
             for w in (System(base, tok, data, updates, device).work(r) for r in range(len(updates)))
