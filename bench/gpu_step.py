@@ -88,7 +88,7 @@ class System:
         self.cfg = replace(cfg, precision=precision)
         opt = make_optimizer(model, cfg.train, device)
         scaler = torch.amp.GradScaler(device.type, enabled=PRECISIONS[precision].loss_scaling)
-        self.updater = Updater(self.cfg, device, model, model, opt, scaler, tok)
+        self.updater = Updater(self.cfg, device, model, model, opt, scaler)
         self.data, self.tok, self.updates = data, tok, updates
         self.first_s: list[float] = []
 

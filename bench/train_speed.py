@@ -16,7 +16,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -34,6 +34,7 @@ from transformer.text.corpus import load_split
 from transformer.text.tokenizer import Tokenizer
 from transformer.training.loss import generator_loss, label_smoothed_nll
 from transformer.training.schedule import make_optimizer
+from transformer.training.update import UpdateBatches, Updater
 
 CPU = torch.device("cpu")
 
@@ -92,12 +93,24 @@ def tfm_step(
     device: torch.device = CPU,
     kernels: str = "trainer",
 ) -> Callable[[int], None]:
-    """A function running tfm's training step r on batch r (cycling through ``batches``), as the Trainer does.
+    """A function running tfm's training step r on batch r (cycling through ``batches``).
 
-    fused_loss=False makes the logits whole and scores them with ``label_smoothed_nll`` instead;
-    ``kernels`` picks SDPA's kernels from ``KERNELS`` (on a CPU all choices are the same). On a GPU the
-    step ends with a synchronize, so that a host clock times the work, not its launch.
+    By default the step is the Trainer's own update (``transformer.training.update.Updater``, whose learning
+    rate follows the schedule). The lever rows compare it with variants written out here: fused_loss=False
+    makes the logits whole and scores them with ``label_smoothed_nll``; ``kernels`` picks SDPA's kernels from
+    ``KERNELS`` (on a CPU all choices are the same). On a GPU the step ends with a synchronize, so that a host
+    clock times the work, not its launch.
     """
+    if fused_loss and kernels == "trainer":
+        scaler = torch.amp.GradScaler(device.type, enabled=False)
+        update = Updater(replace(cfg, precision=precision), device, model, model, opt, scaler)
+
+        def trainer_step(r: int) -> None:
+            b = batches[r % len(batches)]
+            update(UpdateBatches([(b, 1.0)], b.n_tokens), r + 1)
+            _sync(device)
+
+        return trainer_step
     eps, clip = cfg.train.label_smoothing, cfg.train.clip_norm
     attention = KERNELS[kernels]
 

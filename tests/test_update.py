@@ -30,7 +30,7 @@ def _updates(tmp_path, device, count, **train):
     model = build_model(cfg.model, tok.vocab_size, tok.pad_id).to(device).train()
     opt = make_optimizer(model, cfg.train, device)
     scaler = torch.amp.GradScaler(device.type, enabled=False)
-    step = Updater(cfg, device, model, model, opt, scaler, tok)
+    step = Updater(cfg, device, model, model, opt, scaler)
     losses = [step(collate_update([order[r % 3]], data, tok, cfg), r + 1)[0] for r in range(count)]
     return [p.detach().cpu() for p in model.parameters()], losses, step
 

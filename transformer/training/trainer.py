@@ -121,7 +121,7 @@ class Trainer:
         distributed.seed_dropout(cfg.seed)
         self.optimizer = make_optimizer(self.model, t, self.device)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=PRECISIONS[cfg.precision].loss_scaling)
-        self.update = Updater(cfg, self.device, self.model, ddp, self.optimizer, self.scaler, self.tokenizer)
+        self.update = Updater(cfg, self.device, self.model, ddp, self.optimizer, self.scaler)
         if distributed.is_main():
             (self.run_dir / checkpoint.CONFIG).write_text(dump(cfg), encoding="utf-8")
         if resume_from is not None:

@@ -66,13 +66,11 @@ class Updater:
         ddp: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
         scaler: torch.amp.GradScaler,
-        tokenizer: Tokenizer,
     ) -> None:
         self.cfg, self.device = cfg, device
         self.model, self.ddp = model, ddp
         self.forward = torch.compile(ddp, backend=COMPILE_BACKEND) if cfg.train.compile else ddp
         self.optimizer, self.scaler = optimizer, scaler
-        self.tokenizer = tokenizer
         self.graphs = MicroStepGraphs(self._graphed_step, device) if cfg.train.cuda_graphs else None
 
     def micro_loss(self, batch: Batch, total: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,7 +82,7 @@ class Updater:
                 self.model.generator.weight,
                 batch.tgt_out,
                 self.cfg.train.label_smoothing,
-                self.tokenizer.pad_id,
+                self.model.pad_id,
             )
         return loss_sum / total, nll_sum
 
