@@ -6,7 +6,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from cli.errors import fail
+from cli.exits import fail
 from cli.guards import check_alpha, check_beam, check_folder, check_input, decode_settings, write_failed
 
 

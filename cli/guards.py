@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cli.errors import fail
+from cli.exits import fail
 from transformer.config import DecodeConfig, check_decode
 
 

@@ -13,7 +13,7 @@ from typing import List, Optional
 
 import typer
 
-from cli.errors import fail, user_errors
+from cli.exits import fail, user_errors
 from cli.guards import check_creatable, check_output
 from transformer.process import configure_before_torch
 

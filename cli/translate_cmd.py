@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import IO, Iterable, Iterator
 
-from cli.errors import fail
+from cli.exits import fail
 from cli.guards import (
     check_alpha,
     check_beam,

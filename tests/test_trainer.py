@@ -164,7 +164,7 @@ class HandClock:
         self.now = 1000.0
         self.tokens: list[int] = []
         monkeypatch.setattr(meter, "clock", lambda: self.now)
-        real_update, real_validate, real_save = Updater.__call__, train.validate, train.checkpoint.save
+        real_update, real_validate, real_save = Updater.__call__, train.valid_metrics, train.checkpoint.save
 
         def update(updater, *args):
             self.now += update_s
@@ -181,7 +181,7 @@ class HandClock:
             return real_save(*args)
 
         monkeypatch.setattr(Updater, "__call__", update)
-        monkeypatch.setattr(train, "validate", validate)
+        monkeypatch.setattr(train, "valid_metrics", validate)
         monkeypatch.setattr(train.checkpoint, "save", save)
 
 

@@ -9,16 +9,16 @@ from transformer.model.transformer import build_model
 from transformer.text.batching import collate, make_batches
 from transformer.training import train_data
 from transformer.training.loss import label_smoothed_nll
-from transformer.training.validation import validate
+from transformer.training.validation import valid_metrics
 
 
 def test_loss_is_that_of_the_whole_logits_and_the_model_is_left_training(tmp_path):
     cfg = tiny_config(tmp_path, train={"label_smoothing": 0.1})
     cfg.out_dir.mkdir(parents=True)
-    tokenizer, _, valid, valid_enc = train_data.load(cfg, cfg.out_dir, None, lambda msg: None)
+    tokenizer, _, valid, valid_enc = train_data.read_splits(cfg, cfg.out_dir, None, lambda msg: None)
     torch.manual_seed(0)
     model = build_model(cfg.model, tokenizer.vocab_size, tokenizer.pad_id)
-    metrics = validate(model, tokenizer, cfg, torch.device("cpu"), valid, valid_enc)
+    metrics = valid_metrics(model, tokenizer, cfg, torch.device("cpu"), valid, valid_enc)
     assert model.training and set(metrics) == {"valid_loss", "valid_nll", "valid_ppl", "valid_bleu", "valid_chrf"}
     model.eval()
     loss = nll = tokens = 0.0

@@ -20,7 +20,7 @@ from transformer.text.tokenizer import Tokenizer, train_tokenizer
 from transformer.training import distributed
 
 
-def load(
+def read_splits(
     cfg: Config, run_dir: Path, tokenizer: Tokenizer | None, log: Callable[[str], None]
 ) -> tuple[Tokenizer, EncodedCorpus, Corpus, EncodedCorpus]:
     """(tokenizer, encoded train split, valid split, encoded valid split); trains and saves a tokenizer if none."""

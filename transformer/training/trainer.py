@@ -40,7 +40,7 @@ from transformer.training.schedule import make_optimizer
 from transformer.training.signals import StopSignals
 from transformer.training.train_state import TrainState
 from transformer.training.update import UpdateBatches, Updater, collate_update
-from transformer.training.validation import validate
+from transformer.training.validation import valid_metrics
 
 
 @dataclass
@@ -112,7 +112,7 @@ class Trainer:
         with distributed.main_first():  # rank 0 trains and saves the tokenizer; the others read it
             if tokenizer is None and not distributed.is_main():
                 tokenizer = Tokenizer.load(self.run_dir / checkpoint.TOKENIZER)
-            data = train_data.load(cfg, self.run_dir, tokenizer, self.log)
+            data = train_data.read_splits(cfg, self.run_dir, tokenizer, self.log)
             self.tokenizer, self.train_enc, self.valid, self.valid_enc = data
         if self.signals.signum is not None:
             return self._stopped_in_set_up()
@@ -293,7 +293,7 @@ class Trainer:
     def _validate_and_keep_best(self) -> None:
         before = self.state.valid_s
         with self.meter.aside("valid"):
-            metrics = validate(self.model, self.tokenizer, self.cfg, self.device, self.valid, self.valid_enc)
+            metrics = valid_metrics(self.model, self.tokenizer, self.cfg, self.device, self.valid, self.valid_enc)
         self._record(
             {
                 "step": self.state.step,

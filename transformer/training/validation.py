@@ -25,7 +25,7 @@ from transformer.text.tokenizer import Tokenizer
 from transformer.training.loss import generator_loss
 
 
-def validate(
+def valid_metrics(
     model: Transformer, tokenizer: Tokenizer, cfg: Config, device: torch.device, valid: Corpus, valid_enc: EncodedCorpus
 ) -> dict[str, float]:
     """Validation loss, perplexity, greedy BLEU and chrF; the model is left in training mode."""
