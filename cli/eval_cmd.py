@@ -21,7 +21,9 @@ def _read(path: Path) -> list[str]:
 
 def _print_scores(scores) -> None:
     print(
-        f"BLEU = {scores.bleu:.2f}  {scores.bleu_signature}\nchrF = {scores.chrf:.2f}  {scores.chrf_signature}",
+        f"BLEU = {scores.bleu:.2f}  {scores.bleu_signature}\n"
+        f"BLEU (lowercased) = {scores.bleu_lc:.2f}  {scores.bleu_lc_signature}\n"
+        f"chrF = {scores.chrf:.2f}  {scores.chrf_signature}",
         flush=True,
     )
 

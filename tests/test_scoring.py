@@ -19,6 +19,14 @@ def test_same_as_sacrebleu_and_signature_printed():
     assert "tok:13a" in s.bleu_signature and s.sentences == 2
 
 
+def test_lowercased_bleu_is_sacrebleus_lc():
+    hyps = ["The Cat sat on the mat.", "a dog runs in a park."]
+    refs = ["the cat sat on a mat.", "A dog is running in the Park."]
+    s = score(hyps, refs, "en")
+    assert s.bleu_lc == round(sacrebleu.corpus_bleu(hyps, [refs], lowercase=True).score, 2) > s.bleu
+    assert "case:lc" in s.bleu_lc_signature and "case:mixed" in s.bleu_signature
+
+
 def test_line_count_mismatch_refused():
     with pytest.raises(EvalError, match="2 hypotheses but 3 references"):
         score(["a", "b"], ["a", "b", "c"], "en")

@@ -3,7 +3,8 @@
 Training-time validation and ``tfm eval`` both score through ``score`` so the two
 numbers are the same kind of number. The BLEU tokenizer follows the target
 language (``zh`` for Chinese, ``ja-mecab`` is left to the user, ``13a`` otherwise)
-unless the config names one.
+unless the config names one. Lowercased BLEU (sacreBLEU's ``-lc``) comes beside the cased figure,
+since published Multi30k tables often report it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ class Scores:
     bleu_signature: str
     chrf_signature: str
     sentences: int
+    bleu_lc: float  # lowercased hypotheses and references, as sacreBLEU -lc
+    bleu_lc_signature: str
 
     def as_dict(self) -> dict[str, float | str | int]:
         """Plain values for JSON files and logs."""
@@ -46,11 +49,17 @@ def score(hypotheses: Sequence[str], references: Sequence[str], tgt_lang: str, t
         )
     if not references:
         raise EvalError("no sentences to score; give a non-empty test set")
-    bleu = sacrebleu.metrics.BLEU(tokenize=bleu_tokenizer(tgt_lang, tokenize))
+    tok = bleu_tokenizer(tgt_lang, tokenize)
+    bleu, bleu_lc = sacrebleu.metrics.BLEU(tokenize=tok), sacrebleu.metrics.BLEU(tokenize=tok, lowercase=True)
     chrf = sacrebleu.metrics.CHRF()
-    refs = [list(references)]
-    b = bleu.corpus_score(list(hypotheses), refs)
-    c = chrf.corpus_score(list(hypotheses), refs)
+    hyps, refs = list(hypotheses), [list(references)]
+    b, lc, c = bleu.corpus_score(hyps, refs), bleu_lc.corpus_score(hyps, refs), chrf.corpus_score(hyps, refs)
     return Scores(
-        round(b.score, 2), round(c.score, 2), str(bleu.get_signature()), str(chrf.get_signature()), len(references)
+        round(b.score, 2),
+        round(c.score, 2),
+        str(bleu.get_signature()),
+        str(chrf.get_signature()),
+        len(references),
+        round(lc.score, 2),
+        str(bleu_lc.get_signature()),
     )
