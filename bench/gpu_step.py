@@ -3,12 +3,12 @@ alone and all together against the update as the Trainer runs it by default (Mar
 ``tfm train --config base-gpu`` with the levers off and on.
 
 Sections, each written to the JSON as soon as it is done:
-  profile  one base bf16 update of 25,000 tokens under torch.profiler, levers off and (no compile) on: wall time,
-           GPU busy time, kernel launches per update, GPU time by kernel family
-  levers   target tokens/s of the Trainer's own update (transformer.training.update.Updater, collation included) with
-           static shapes, CUDA graphs and both, against the default and MarianMTModel, alternated update by update
-  compile  the same for train.compile alone and with static shapes and CUDA graphs, with the seconds the first
-           updates took (compilation); last, since compiling takes minutes
+  profile  base bf16 updates of 25,000 tokens under torch.profiler, for the systems --profile names: wall time,
+           GPU busy time, kernel launches per update, GPU time by kernel family and the top kernels
+  levers   target tokens/s of the Trainer's own update (transformer.training.update.Updater, collation included)
+           with the --levers that compile nothing (static shapes, CUDA graphs), against the levers off and
+           MarianMTModel (where transformers is installed), alternated update by update
+  compile  the same for the --levers with train.compile, with the seconds the first updates took (compilation)
   train    ``tfm train --config base-gpu`` for ``--steps`` updates on Multi30k, with the levers the config ships and
            with them all off: logged target tokens/s after the first 50 updates, validation loss at the end
 
@@ -90,9 +90,9 @@ class System:
         scaler = torch.amp.GradScaler(device.type, enabled=PRECISIONS[precision].loss_scaling)
         self.updater = Updater(self.cfg, device, model, model, opt, scaler)
         self.data, self.tok, self.updates = data, tok, updates
-        self.first_s: list[float] = []
 
     def work(self, r: int) -> UpdateBatches:
+        """The r-th update's batches (cycling), collated and pinned as the Trainer does."""
         return collate_update(
             self.updates[r % len(self.updates)], self.data, self.tok, self.cfg, pin=self.device.type == "cuda"
         )
