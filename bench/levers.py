@@ -1,12 +1,11 @@
 """Each speed lever tfm uses, measured alone: the same work without and with it, alternated round by round.
 
 "Without" is switched through the library's public API or the environment, never by patching it:
-PyTorch's per-tensor Adam, nn.Dropout in place of kernels.Dropout, whole logits scored by
-``label_smoothed_nll``, glibc's malloc defaults and libgomp's OpenMP defaults (each side a process of
-its own), a K/V cache pool that keeps nothing, batches in input order, and torch's topk and max in place
-of the block-wise kernels. A speedup above 1 means the lever wins; decoding levers also report whether
-outputs stayed the same. A lever that can no longer be switched off is measured once, recorded in
-bench/results/, and left out of this suite.
+PyTorch's per-tensor Adam, nn.Dropout in place of model.speed.Dropout, whole logits scored by
+``label_smoothed_nll``, libgomp's OpenMP defaults (each side a process of its own), batches in input
+order, and torch's topk in place of the block-wise one. A speedup above 1 means the lever wins;
+decoding levers also report whether outputs stayed the same. A lever that can no longer be switched
+off is measured once, recorded in bench/results/, and left out of this suite.
 
 Run: python -m bench.levers --checkpoint DIR [--data DIR] [--quick] [--sections levers,contended,compile]
 """
@@ -14,7 +13,6 @@ Run: python -m bench.levers --checkpoint DIR [--data DIR] [--quick] [--sections 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import subprocess
@@ -29,12 +27,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bench.common import DEFAULT_DATA, ROOT, interleave, median, paired_ratio, shape_config
-from bench.train_speed import bench_batches, model_factory, optimizer, own_processes, tfm_step
+from bench.train_speed import bench_batches, model_factory, optimizer, tfm_step
 from transformer import checkpoint
 from transformer.config import Config, DataConfig
-from transformer.decoding.search import beam_search, greedy_search
-from transformer.decoding.speed import row_max, row_topk
-from transformer.model.decoder_state import BufferPool
+from transformer.decoding.search import greedy_search
+from transformer.decoding.speed import row_topk
 from transformer.model.speed import Dropout
 from transformer.process import OMP_KEYS, SHARED_CPU
 from transformer.text.batching import Batch, source_tensor
@@ -148,14 +145,6 @@ def training(cfg: Config, tok: Tokenizer, batches: list[Batch], rounds: int, war
     ]
 
 
-def freed_memory(cfg: Config, tok: Tokenizer, batches: list[Batch], rounds: int, warmup: int = 2) -> dict[str, Any]:
-    """glibc keeping freed memory (transformer.process.keep_freed_memory): process-wide, so each side has a process."""
-    workers = {"without": ["tfm", "--glibc-defaults"], "with": ["tfm"]}
-    with own_processes(cfg, tok, batches, "fp32", workers) as steps:
-        times = without_with(steps["without"], steps["with"], rounds, warmup)
-    return lever_row("glibc keeps freed memory (`tfm train` sets it)", f"{cfg.name} training step, fp32", times)
-
-
 def compiled(cfg: Config, tok: Tokenizer, batches: list[Batch], rounds: int) -> dict[str, Any]:
     """torch.compile (dynamic shapes: batch lengths vary) against eager, after a first compiling step."""
     eager = model_factory(cfg, tok)()
@@ -188,11 +177,10 @@ def repeated(f: Callable[[Tensor], tuple[Tensor, Tensor]], x: Tensor, calls: int
 
 
 def search_kernels(loaded: checkpoint.Loaded, lines: list[str], rounds: int, calls: int = 200) -> list[dict[str, Any]]:
-    """The block-wise top-k and argmax of transformer.kernels against torch's topk and max, ``calls`` calls a round.
+    """The block-wise top-k of transformer.decoding.speed against torch's topk, ``calls`` calls a round.
 
     On the checkpoint's own next-token log-probs (its first 8 greedy steps over 32 test sentences), in
-    the shapes search scores them: beam 5 over 32 sentences takes the top 10 of 160 rows, greedy search
-    at ``tfm translate``'s default batch the best of 256 rows.
+    the shape beam search scores them: beam 5 over 32 sentences takes the top 10 of 160 rows.
     """
     tok, model = loaded.tokenizer, loaded.model.eval()
     src = source_tensor(tok.encode_batch(lines[:32]), tok)
@@ -206,18 +194,11 @@ def search_kernels(loaded: checkpoint.Loaded, lines: list[str], rounds: int, cal
     lprobs = torch.cat(steps)
     cases = [
         (
-            "top-k by block maxima (kernels.row_topk)",
+            "top-k by block maxima (row_topk)",
             "top 10 of [160, V] log-probs",
             lprobs[:160],
             lambda x: x.topk(10, dim=1),
             lambda x: row_topk(x, 10),
-        ),
-        (
-            "argmax by block maxima (kernels.row_max)",
-            "best of [256, V] log-probs",
-            lprobs[:256],
-            lambda x: x.max(dim=1, keepdim=True),
-            row_max,
         ),
     ]
     rows = []
@@ -238,20 +219,11 @@ def recording(f: Callable[[int], Any], outputs: dict[int, Any]) -> Callable[[int
 
 
 def decoding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[dict[str, Any]]:
-    """Search over the test set's sentences in batches of 32, one lever toggled at a time."""
+    """Greedy search over the test set's sentences in batches of 32, with and without sorting them by length."""
     tok, model = loaded.tokenizer, loaded.model.eval()
-    unpooled = copy.deepcopy(model)
-    unpooled.kv_pool = BufferPool(keep=0)
     ids = tok.encode_batch(lines)
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    sorted_batches = [source_tensor([ids[i] for i in order[k : k + 32]], tok) for k in range(0, len(ids), 32)]
-    chunks = [ids[k : k + 128] for k in range(0, len(ids), 128)][:rounds]  # the sorting lever: 128 lines a round
-    step = max(len(sorted_batches) // rounds, 1)
-    picks = list(range(0, len(sorted_batches), step))[:rounds]  # spread over short and long sentences
+    chunks = [ids[k : k + 128] for k in range(0, len(ids), 128)][:rounds]  # 128 lines a round
     s, e = tok.start_id, tok.end_id
-
-    def beam(m: nn.Module) -> Callable[[int], list[list[int]]]:
-        return lambda r: [h[0].tokens for h in beam_search(m, sorted_batches[picks[r]], s, e, beam=5)]
 
     def chunk_batches(r: int, sort: bool) -> list[Tensor]:
         chunk = sorted(chunks[r], key=len) if sort else chunks[r]
@@ -260,18 +232,12 @@ def decoding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[d
     def by_chunk(sort: bool) -> Callable[[int], list[list[int]]]:
         return lambda r: sorted(h.tokens for b in chunk_batches(r, sort) for h in greedy_search(model, b, s, e))
 
-    cases = [
-        ("K/V cache memory reused from batch to batch", "beam 5, batch 32", beam(unpooled), beam(model), len(picks)),
-        ("sort by length before batching", "greedy, batch 32", by_chunk(False), by_chunk(True), len(chunks)),
-    ]
-    rows = []
-    for lever, work, without, with_, count in cases:
-        outs: dict[str, dict[int, Any]] = {"without": {}, "with": {}}
-        times = interleave(
-            {"without": recording(without, outs["without"]), "with": recording(with_, outs["with"])}, count
-        )
-        rows.append(lever_row(lever, work, times, outs["without"] == outs["with"]))
-    return rows
+    outs: dict[str, dict[int, Any]] = {"without": {}, "with": {}}
+    times = interleave(
+        {"without": recording(by_chunk(False), outs["without"]), "with": recording(by_chunk(True), outs["with"])},
+        len(chunks),
+    )
+    return [lever_row("sort by length before batching", "greedy, batch 32", times, outs["without"] == outs["with"])]
 
 
 def measure(loaded: checkpoint.Loaded, data: str, lines: list[str], quick: bool, cache: str) -> list[dict[str, Any]]:
@@ -282,7 +248,6 @@ def measure(loaded: checkpoint.Loaded, data: str, lines: list[str], quick: bool,
     return (
         omp_waiting(str(loaded.path), data, 2 if quick else 4)
         + training(cfg, loaded.tokenizer, batches, rounds)
-        + [freed_memory(cfg, loaded.tokenizer, batches, 3 * rounds)]
         + search_kernels(loaded, lines, rounds)
         + decoding(loaded, lines, rounds)
     )

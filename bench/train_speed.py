@@ -180,27 +180,24 @@ def build(
 
 @contextmanager
 def own_processes(
-    cfg: Config, tok: Tokenizer, batches: list[Batch], precision: str, workers: dict[str, list[str]] | None = None
+    cfg: Config, tok: Tokenizer, batches: list[Batch], precision: str
 ) -> Iterator[dict[str, Callable[[int], float]]]:
     """Training steps in worker processes of their own (bench.train_worker); calls return the step's seconds.
 
-    As users run them: each system alone in a process, tfm's set up as ``tfm train`` sets it up (it
-    keeps freed memory, transformer.process). ``workers`` maps a label to bench.train_worker's
-    arguments after the spec; by default tfm and Marian.
+    As users run them: each system, tfm and Marian, alone in a process.
     """
-    workers = workers or {name: [name] for name in SYSTEMS}
     with tempfile.TemporaryDirectory() as tmp:
         spec = Path(tmp) / "spec.pt"
         torch.save({"cfg": cfg, "tok": tok, "batches": batches, "precision": precision}, spec)
         procs = {
-            label: subprocess.Popen(
-                [sys.executable, "-m", "bench.train_worker", args[0], str(spec), *args[1:]],
+            name: subprocess.Popen(
+                [sys.executable, "-m", "bench.train_worker", name, str(spec)],
                 cwd=ROOT,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,
             )
-            for label, args in workers.items()
+            for name in SYSTEMS
         }
         try:
             for w in procs.values():

@@ -3,9 +3,8 @@
 Loads the spec that ``own_processes`` saved (config, tokenizer, batches, precision), builds system
 NAME's step (``train_speed.build``), prints "ready", then answers each line "r" on stdin with the
 seconds that step r took, until stdin closes. Importing the bench package sets OpenMP's waiting as in
-the parent; tfm's process keeps freed memory as ``tfm train``'s does (transformer.process), unless
---glibc-defaults.
-Run: python -m bench.train_worker NAME SPEC [--glibc-defaults]
+the parent.
+Run: python -m bench.train_worker NAME SPEC
 """
 
 from __future__ import annotations
@@ -16,12 +15,9 @@ import time
 import torch
 
 from bench import train_speed
-from transformer.process import keep_freed_memory
 
 
-def main(name: str, spec_path: str, *flags: str) -> None:
-    if name == "tfm" and "--glibc-defaults" not in flags:
-        keep_freed_memory()
+def main(name: str, spec_path: str) -> None:
     spec = torch.load(spec_path, weights_only=False)
     step = train_speed.build(name, spec["cfg"], spec["tok"], spec["batches"], spec["precision"])
     print("ready", flush=True)

@@ -2,7 +2,7 @@
 
 Library modules are imported inside each command so that ``tfm --help`` answers
 without loading torch. Every error a user can fix is printed as one line and
-exits with code 2. Process-wide settings (OpenMP, threads, malloc, oneDNN's cache) come from transformer/process.py.
+exits with code 2. Process-wide settings (OpenMP, threads, oneDNN's cache) come from transformer/process.py.
 """
 
 from __future__ import annotations
@@ -53,10 +53,8 @@ def train(
             flags = [f"--set={s}" for s in overrides] + ["--resume"] * resume + ["--overwrite"] * overwrite
             code = launch(nproc, ["train", f"--config={config}", *flags, *["--quiet"] * quiet])
             raise typer.Exit(code)
-        from transformer.process import keep_freed_memory
         from transformer.training.trainer import Trainer
 
-        keep_freed_memory()  # this process is ours: keep freed memory for the next step
         result = Trainer(cfg, resume=resume, overwrite=overwrite, quiet=quiet).run()
     if result.exit_code:
         raise typer.Exit(result.exit_code)

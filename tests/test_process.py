@@ -17,7 +17,6 @@ from transformer.process import (
     SMALL_DECODE_ROWS,
     configure_openmp,
     decoding_threads,
-    on_glibc,
 )
 
 
@@ -111,13 +110,3 @@ def test_small_batches_decode_on_one_thread_only_on_a_shared_cpu(monkeypatch, sh
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
-
-
-KEEP = "from transformer.process import keep_freed_memory; print(keep_freed_memory())"
-
-
-@pytest.mark.skipif(not on_glibc(), reason="glibc only")
-def test_training_keeps_freed_memory_unless_the_user_tuned_malloc():
-    assert fresh(KEEP) == "True"
-    assert fresh(KEEP, MALLOC_TRIM_THRESHOLD_=str(128 * 1024)) == "False"
-    assert fresh(KEEP, GLIBC_TUNABLES="glibc.malloc.trim_threshold=131072") == "False"

@@ -3,7 +3,7 @@ the CPU no-mask shortcut (tested in test_model), fused Adam where torch has it, 
 
 import torch
 
-from transformer.decoding.speed import row_max, row_topk
+from transformer.decoding.speed import row_topk
 from transformer.model.speed import FLASH_FROM_LENGTH, Dropout, shape_changing_attention, training_attention
 from transformer.training.schedule import fused_adam
 
@@ -36,21 +36,6 @@ def test_row_topk_equals_topk_on_a_large_vocabulary():
     assert torch.equal(values, want_values)
     assert torch.equal(index[[0, 1, 3, 4, 5, 6]], want_index[[0, 1, 3, 4, 5, 6]])  # row 2: ties among -inf
     assert index[2, 0] == 5 and index[3, 0] == 1234
-
-
-def test_row_max_equals_max_with_ties_to_the_first_index():
-    """Greedy search's block-maximum argmax finds the same value and token as max, the first of equal maxima."""
-    torch.manual_seed(0)
-    x = torch.randn(9, 8000).log_softmax(-1)
-    x[0, [7, 3456, 7999]] = 1.0  # equal maxima in three blocks: the first, 7, wins
-    x[1, [120, 150]] = 2.0  # equal maxima within one block
-    x[2, :] = float("-inf")
-    x[2, 5] = -0.1  # a row forced to one token, as at max length
-    x[3, 7999] = 3.0  # the last column
-    values, index = row_max(x)
-    want_values, want_index = x.max(dim=1, keepdim=True)
-    assert torch.equal(values, want_values) and torch.equal(index, want_index)
-    assert index[:4, 0].tolist() == [7, 120, 5, 7999]
 
 
 def test_fused_adam_on_cpu_and_cuda_only():

@@ -1,5 +1,5 @@
-"""Process-wide settings: how OpenMP threads wait, how many threads decode, what glibc's malloc keeps, how many
-matmul kernels oneDNN keeps.
+"""Process-wide settings: how OpenMP threads wait, how many threads decode, how many matmul kernels oneDNN
+keeps.
 
 They change the whole process, so only the entry points (``cli`` and ``bench``) apply them, and a
 user's own environment variables always win. The defaults suit a machine of one's own. Where other
@@ -11,9 +11,7 @@ and decodes small batches on one thread, so that tfm's threads do not wait on bu
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
-import platform
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -25,12 +23,8 @@ OMP_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 SHORT_SPIN = "10000"  # libgomp's default is 300,000 rounds of spinning before an idle thread sleeps
 SMALL_DECODE_ROWS = 64
 
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters, from glibc's malloc.h
-MMAP_THRESHOLD = 32 * 2**20  # the largest value glibc accepts on a 64-bit system
-TRIM_THRESHOLD = 2**30
 ONEDNN_CACHE_KEYS = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY")
 PRIMITIVE_CACHE_CAPACITY = "16384"  # oneDNN's default is 1,024
-MALLOC_KEYS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_MAX_", "MALLOC_TOP_PAD_")
 
 
 def shared_cpu() -> bool:
@@ -79,23 +73,3 @@ def decoding_threads(device: torch.device, rows: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
-
-
-def on_glibc() -> bool:
-    """Whether this process runs on Linux's glibc, whose malloc ``mallopt`` tunes."""
-    return platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
-
-
-def keep_freed_memory() -> bool:
-    """Keep the memory a training step frees for the next one; False (nothing set) off glibc or if the user set malloc.
-
-    glibc hands free heap back to the system and serves large blocks with mmap, so steps whose tensors
-    change size with every batch fault their memory in again. With mmap only for blocks over 32 MB and
-    trimming only beyond 1 GB free, a step reuses what the last one freed (``python -m bench.levers``).
-    """
-    if not on_glibc():
-        return False
-    if any(k in os.environ for k in MALLOC_KEYS) or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
-        return False
-    libc = ctypes.CDLL(None)  # the C library the process already runs on
-    return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))

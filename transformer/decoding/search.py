@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer.decoding.speed import row_max, row_topk
+from transformer.decoding.speed import row_topk
 
 
 @dataclass
@@ -98,7 +98,7 @@ class _Search:
             lprobs.masked_fill_(rows[:, None], float("-inf"))
             lprobs[:, self.end_id] = end
         V, inf = lprobs.size(-1), float("inf")
-        values, ids = row_topk(lprobs, min(m, V)) if m > 1 else row_max(lprobs)
+        values, ids = row_topk(lprobs, min(m, V)) if m > 1 else lprobs.max(dim=1, keepdim=True)
         if m > V:
             values = torch.cat([values, values.new_full((values.size(0), m - V), -inf)], 1)
             ids = torch.cat([ids, ids[:, :1].expand(-1, m - V)], 1)

@@ -12,8 +12,6 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from transformer.model.decoder_state import BufferPool
-
 if TYPE_CHECKING:
     from transformer.model.transformer import Transformer
 
@@ -33,21 +31,6 @@ def row_topk(x: Tensor, m: int, block: int = 100) -> tuple[Tensor, Tensor]:
     return values, chosen.gather(1, j // block) * block + j % block
 
 
-def row_max(x: Tensor, block: int = 100) -> tuple[Tensor, Tensor]:
-    """``x.max(dim=1, keepdim=True)`` through block maxima: torch's max with indices is far slower than amax.
-
-    The row's maximum is found among block maxima and only its block is searched for the index.
-    Ties go to the first index, as with max. Below 4 rows the plain max is faster.
-    """
-    R, V = x.shape
-    if V % block or R < 4:
-        return x.max(dim=1, keepdim=True)
-    blocks = x.view(R, V // block, block)
-    values, b = blocks.amax(-1).max(dim=1, keepdim=True)  # [R, 1]: the row's maximum and its first block
-    within = blocks.gather(1, b[..., None].expand(R, 1, block)).view(R, block).argmax(dim=1, keepdim=True)
-    return values, b * block + within
-
-
 def matmul_weights_in(model: Transformer, dtype: torch.dtype) -> Transformer:
     """A frozen copy of ``model`` whose Linear weights and biases are cast to ``dtype`` once, for decoding under
     autocast.
@@ -56,7 +39,7 @@ def matmul_weights_in(model: Transformer, dtype: torch.dtype) -> Transformer:
     again. Cast ahead, the outputs are the same: autocast rounds the same weights the same way. The
     generator gets its own copy of the tied embedding table, so embeddings stay in fp32 as under autocast.
     """
-    half = copy.deepcopy(model, {id(model.kv_pool): BufferPool()})  # a pool of its own, not a copy of the buffers
+    half = copy.deepcopy(model)
     half.eval().requires_grad_(False)
     half.generator.weight = nn.Parameter(half.generator.weight.detach().to(dtype), requires_grad=False)
     for module in half.modules():

@@ -1,41 +1,11 @@
-"""What incremental decoding keeps between steps (the K/V caches), and the pool that lends them memory."""
+"""What incremental decoding keeps between steps: the K/V caches."""
 
 from __future__ import annotations
 
 import math
-import weakref
 
 import torch
 from torch import Tensor
-
-
-class BufferPool:
-    """Flat buffers lent to decoder states, taken back when a state is garbage-collected.
-
-    A beam search caches tens of MB of keys and values, twice (the cache and select's spare).
-    Allocated afresh for every batch, those pages fault on first touch; reusing the last batch's
-    buffers avoids that. Keeps the ``keep`` largest buffers given back.
-    """
-
-    def __init__(self, keep: int = 2):
-        self.keep = keep
-        self._free: list[Tensor] = []
-
-    def take(self, numel: int, like: Tensor) -> Tensor:
-        """A flat buffer of at least ``numel`` elements, with like's dtype and device: the smallest that fits.
-
-        A buffer made under ``torch.inference_mode`` can only be written there, so only there is it lent.
-        """
-        writable = (lambda b: True) if torch.is_inference_mode_enabled() else (lambda b: not b.is_inference())
-        for i, b in enumerate(self._free):
-            if b.numel() >= numel and b.dtype == like.dtype and b.device == like.device and writable(b):
-                return self._free.pop(i)
-        return like.new_empty(numel)
-
-    def give(self, buffers: list[Tensor | None]) -> None:
-        """Take buffers back (None is skipped); only the ``keep`` largest are kept."""
-        kept = self._free + [b for b in buffers if b is not None]
-        self._free = sorted(kept, key=Tensor.numel)[-self.keep :] if self.keep else []
 
 
 class DecoderState:
@@ -48,26 +18,22 @@ class DecoderState:
     then zero as in training); src_mask likewise holds one entry per sentence.
     self_kv [rows, N, 2, h, capacity, d_k]: self-attention keys and values; the first ``length``
     positions are filled, and the capacity doubles when full. All layers in one row-major tensor make
-    reordering one contiguous copy per row. Its memory comes from ``pool`` and goes back to it
-    when the state is garbage-collected.
+    reordering one contiguous copy per row.
     """
 
-    def __init__(self, cross_kv: Tensor, src_mask: Tensor, pool: BufferPool | None = None, capacity: int = 32):
+    def __init__(self, cross_kv: Tensor, src_mask: Tensor, capacity: int = 32):
         sentences, N, _, h, _, d_k = cross_kv.shape
         self.cross_kv, self.src_mask = cross_kv, src_mask
         self.beam = 1
         self.length = 0
-        self._pool = pool or BufferPool(keep=0)
         self._buffers: list[Tensor | None] = [None, None]  # behind self_kv, and select's spare (swapped each step)
-        weakref.finalize(self, self._pool.give, self._buffers)
-        self.self_kv = self._lend(0, (sentences, N, 2, h, capacity, d_k), cross_kv)
+        self.self_kv = self._view(0, (sentences, N, 2, h, capacity, d_k), cross_kv)
 
-    def _lend(self, slot: int, shape: tuple[int, ...], like: Tensor) -> Tensor:
-        """A tensor of ``shape`` on buffer ``slot``, first swapped for a larger one from the pool if too small."""
+    def _view(self, slot: int, shape: tuple[int, ...], like: Tensor) -> Tensor:
+        """A tensor of ``shape`` on buffer ``slot``, which is first replaced by a larger one if too small."""
         numel, buffer = math.prod(shape), self._buffers[slot]
         if buffer is None or buffer.numel() < numel:
-            self._buffers[slot] = self._pool.take(numel, like)
-            self._pool.give([buffer])
+            self._buffers[slot] = like.new_empty(numel)
         return self._buffers[slot][:numel].view(shape)  # type: ignore[index]
 
     def select(self, index: Tensor, beam: int | None = None) -> None:
@@ -81,7 +47,7 @@ class DecoderState:
         beam search does); the per-sentence tensors are then only touched when sentences leave.
         """
         t = self.length
-        spare = self._lend(1, (index.numel(), *self.self_kv.shape[1:]), self.self_kv)
+        spare = self._view(1, (index.numel(), *self.self_kv.shape[1:]), self.self_kv)
         torch.index_select(self.self_kv[..., :t, :], 0, index, out=spare[..., :t, :])
         self.self_kv = spare
         self._buffers.reverse()
@@ -97,5 +63,5 @@ class DecoderState:
         if length > capacity:
             old = self.self_kv
             self._buffers[:] = [None, None]  # both too small now; the spare is freed before the bigger cache is made
-            self.self_kv = self._lend(0, (*old.shape[:4], max(length, 2 * capacity), old.size(5)), old)
+            self.self_kv = self._view(0, (*old.shape[:4], max(length, 2 * capacity), old.size(5)), old)
             self.self_kv[..., :capacity, :] = old

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer.config import ModelConfig
-from transformer.model.decoder_state import BufferPool, DecoderState
+from transformer.model.decoder_state import DecoderState
 from transformer.model.speed import Dropout, attention_kernel, unpadded
 
 
@@ -262,7 +262,6 @@ class Transformer(nn.Module):
         self.encoder = Encoder(N, d_model, d_ff, h, dropout, norm_first)
         self.decoder = Decoder(N, d_model, d_ff, h, dropout, norm_first)
         self.generator = nn.Linear(d_model, tgt_vocab_size, bias=False)
-        self.kv_pool = BufferPool()  # decoding's K/V cache memory, reused from one batch to the next
         self.reset_parameters()
         if tie_embeddings:
             self.generator.weight = self.src_embed.weight
@@ -305,7 +304,7 @@ class Transformer(nn.Module):
         mask, rows = safe_mask(src_keep)
         cross_kv = torch.stack([layer.cross_attn.kv(memory).transpose(0, 1) for layer in self.decoder.layers], 1)
         cross_kv[:, :, 1].mul_(rows.view(-1, 1, 1, 1, 1))  # V = 0 for a source of only <PAD>: its output is 0
-        return DecoderState(cross_kv, mask, self.kv_pool)
+        return DecoderState(cross_kv, mask)
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
         """The next position's logits [B, V] given its input tokens [B]; appends to the state's cache."""
