@@ -7,6 +7,7 @@ summarised by its median; the ratio of two systems is the median of the per-roun
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import resource
@@ -15,6 +16,7 @@ import time
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -109,3 +111,18 @@ def machine() -> dict[str, object]:
 def shape_config(shape: str, data: str) -> Config:
     """configs/<shape>.yaml with the Multi30k folder ``data``."""
     return load(ROOT / "configs" / f"{shape}.yaml", [f"data.path={data}"])
+
+
+def run_sections(sections: dict[str, Callable[[], Any]], names: list[str], result: dict[str, Any], path: Path) -> None:
+    """Run the named sections in order into ``result``, written to ``path`` after each one: a failing section
+    is recorded as its error and must not lose the others' figures."""
+    for name in names:
+        print(f"== {name}", flush=True)
+        try:
+            result[name] = sections[name]()
+        except Exception as e:
+            result[name] = {"error": f"{type(e).__name__}: {e}"}
+            print(f"{name}: failed: {type(e).__name__}: {e}", flush=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {path}")

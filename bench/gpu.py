@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +22,7 @@ import torch
 from torch import nn
 
 from bench import decode_speed, train_speed
-from bench.common import DEFAULT_DATA, interleave, machine, median, paired_ratio, shape_config
+from bench.common import DEFAULT_DATA, interleave, machine, median, paired_ratio, run_sections, shape_config
 from bench.flops import matmul_peak, train_flops
 from bench.levers import lever_row, without_with
 from transformer import checkpoint
@@ -275,15 +274,7 @@ def main() -> None:
         "decode": lambda: decode_rows(args.checkpoint, args.data, device, sentences),
         "compile": lambda: compile_row(cfg, tok, data, device, peak, rounds),
     }
-    for name in args.sections.split(","):
-        try:
-            result[name] = sections[name]()
-        except Exception as e:  # one failing section must not lose the others' figures
-            result[name] = {"error": f"{type(e).__name__}: {e}"}
-            print(f"{name}: failed: {type(e).__name__}: {e}", flush=True)
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {args.json}")
+    run_sections(sections, args.sections.split(","), result, args.json)
 
 
 if __name__ == "__main__":

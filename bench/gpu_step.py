@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from bench.common import DEFAULT_DATA, ROOT, interleave, machine, median, paired_ratio
+from bench.common import DEFAULT_DATA, ROOT, interleave, machine, median, paired_ratio, run_sections
 from bench.flops import matmul_peak
 from transformer.config import Config, load
 from transformer.device import PRECISIONS, resolve_precision
@@ -355,16 +355,7 @@ def main() -> None:
         "compile": lambda: levers([n for n in chosen if "compile" in n]),
         "train": trains,
     }
-    for name in args.sections.split(","):
-        print(f"== {name}", flush=True)
-        try:
-            result[name] = sections[name]()
-        except Exception as e:  # one failing section must not lose the others' figures
-            result[name] = {"error": f"{type(e).__name__}: {e}"}
-            print(f"{name}: failed: {type(e).__name__}: {e}", flush=True)
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {args.json}")
+    run_sections(sections, args.sections.split(","), result, args.json)
 
 
 if __name__ == "__main__":
