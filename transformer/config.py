@@ -21,6 +21,12 @@ from configs import shipped
 from transformer.errors import ConfigError
 
 
+def one_of(default: str, *others: str) -> Any:
+    """A field that takes ``default`` or one of ``others``: the choices are declared here, beside the field, and
+    ``validate`` checks every field declared so."""
+    return field(default=default, metadata={"choices": (default, *others)})
+
+
 @dataclass
 class ModelConfig:
     """Architecture; names follow the paper (N, d_model, d_ff, h)."""
@@ -39,7 +45,7 @@ class ModelConfig:
 class DataConfig:
     """Where the corpus comes from and which languages and splits to use."""
 
-    format: str = "multi30k"
+    format: str = one_of("multi30k", "text", "tsv", "jsonl", "hf")
     path: str = "data/multi30k"
     src_lang: str = "de"
     tgt_lang: str = "en"
@@ -106,7 +112,7 @@ class DecodeConfig:
     max_len_a: float = 1.0
     max_len_b: int = 50
     batch_tokens: int = 4096
-    too_long: str = "truncate"
+    too_long: str = one_of("truncate", "error")
     bleu_tokenize: str | None = None
 
 
@@ -118,7 +124,7 @@ class Config:
     run_dir: str = "runs"
     seed: int = 1
     device: str = "auto"
-    precision: str = "fp32"
+    precision: str = one_of("fp32", "bf16", "fp16", "auto")
     compile: bool = False  # kept so older config.yaml files load; true is refused (see validate)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -133,11 +139,6 @@ class Config:
 
 
 DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?|mps")  # what device accepts, in a config file as on the command line
-_CHOICES = {
-    "precision": ("fp32", "bf16", "fp16", "auto"),
-    "data.format": ("multi30k", "text", "tsv", "jsonl", "hf"),
-    "decode.too_long": ("truncate", "error"),
-}
 
 _RANGES: list[tuple[str, Any, str]] = [
     ("model.N", lambda v: v >= 1, "at least 1"),
@@ -270,12 +271,19 @@ def _apply(obj: Any, values: dict[str, Any], prefix: str) -> None:
             setattr(obj, key, _check_type(dotted, value, hints[key]))
 
 
+def _check_choices(obj: Any, prefix: str) -> None:
+    """Every field declared with ``one_of`` holds one of its choices, in ``obj`` and its sections."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            _check_choices(value, f"{prefix}{f.name}.")
+        elif "choices" in f.metadata and value not in f.metadata["choices"]:
+            raise ConfigError(f"{prefix}{f.name}: '{value}' is not one of {', '.join(f.metadata['choices'])}")
+
+
 def validate(cfg: Config) -> Config:
     """Check choices, ranges and combinations that no single type can express."""
-    for key, choices in _CHOICES.items():
-        value = _get(cfg, key)
-        if value not in choices:
-            raise ConfigError(f"{key}: '{value}' is not one of {', '.join(choices)}")
+    _check_choices(cfg, "")
     if not DEVICE.fullmatch(cfg.device):
         raise ConfigError(f"device: '{cfg.device}' is not one of auto, cpu, cuda, cuda:N, mps")
     for key, ok, want in _RANGES:
