@@ -19,6 +19,30 @@ def test_existing_run_needs_resume_or_overwrite(tmp_path):
     assert run_trainer(cfg, overwrite=True).state.step == 3
 
 
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_folder_of_the_users_is_never_emptied(tmp_path, overwrite):
+    """A run name that matches a folder holding the user's files is refused, with or without --overwrite."""
+    cfg = tiny_config(tmp_path, train={"max_steps": 3})
+    cfg.out_dir.mkdir(parents=True)
+    (cfg.out_dir / "ch1.tex").write_text("work\n")
+    (cfg.out_dir / "log.jsonl").write_text("{}\n")  # a tfm name beside it changes nothing
+    with pytest.raises(TrainError, match=r"holds files tfm did not write \(ch1.tex\), which it never deletes"):
+        run_trainer(cfg, overwrite=overwrite)
+    assert sorted(p.name for p in cfg.out_dir.iterdir()) == ["ch1.tex", "log.jsonl"]
+    assert (cfg.out_dir / "ch1.tex").read_text() == "work\n"
+
+
+def test_overwrite_removes_what_tfm_wrote_and_keeps_the_folder(tmp_path):
+    cfg = tiny_config(tmp_path, train={"max_steps": 3})
+    run_trainer(cfg)
+    (cfg.out_dir / ".best.tmp-999").mkdir()  # what a killed save leaves
+    (cfg.out_dir / "avg2").mkdir()
+    inode = cfg.out_dir.stat().st_ino
+    assert run_trainer(cfg, overwrite=True).state.step == 3
+    assert cfg.out_dir.stat().st_ino == inode
+    assert not (cfg.out_dir / "avg2").exists() and not (cfg.out_dir / ".best.tmp-999").exists()
+
+
 def test_resume_refuses_changed_architecture(tmp_path):
     run_trainer(tiny_config(tmp_path, train={"max_steps": 3}))
     changed = tiny_config(tmp_path, model={"d_ff": 128}, train={"max_steps": 6})

@@ -1,5 +1,9 @@
 """The run directory at the start of training: a fresh one, one wiped by --overwrite, or one to --resume.
 
+A run directory belongs to tfm only: starting again (with --overwrite, or after a start that saved no
+checkpoint) removes what tfm writes there and nothing else, and a folder that holds anything else is
+refused, so that a name that happens to match a folder of the user's never costs them a file.
+
 Resuming repairs what an interrupted save left behind, takes the newest checkpoint that loads whole
 (damaged newer ones are renamed ``damaged-step_N`` and kept for inspection), and refuses a config that
 changes what the checkpoint's weights and tokenizer mean.
@@ -7,6 +11,7 @@ changes what the checkpoint's weights and tokenizer mean.
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 from typing import Any, Callable
@@ -18,6 +23,10 @@ from transformer.files import clean_partial
 
 # Config sections that fix what a checkpoint's weights and tokenizer mean; resume refuses changes here.
 FROZEN_SECTIONS = ("model", "tokenizer")
+# What tfm writes in a run directory: its files, checkpoint folders, averages, the learning-curve picture, and the
+# temporary names of an atomic write (``.NAME.tmp-PID``, ``.NAME.old-PID``, ``.NAME.<random>``).
+_OWN = r"(config\.yaml|tokenizer\.json|log\.jsonl|split\.json|training\.png|checkpoints|best|avg\d+)"
+TFM_NAMES = re.compile(rf"{_OWN}|\.{_OWN}\.(tmp-\d+|old-\d+|\w{{8}})")
 
 
 def prepare(run_dir: Path, resume: bool, overwrite: bool, log: Callable[[str], None]) -> Path | None:
@@ -31,6 +40,12 @@ def prepare(run_dir: Path, resume: bool, overwrite: bool, log: Callable[[str], N
             raise TrainError(f"--resume: no checkpoint in {run_dir}/checkpoints; start without --resume")
         return newest_intact(run_dir, existing, log)
     if run_dir.exists() and any(run_dir.iterdir()):
+        if others := sorted(p.name for p in run_dir.iterdir() if not TFM_NAMES.fullmatch(p.name)):
+            shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+            raise TrainError(
+                f"run directory {run_dir} holds files tfm did not write ({shown}), which it never deletes; "
+                "choose another --set name=<new name> or run_dir=<folder>, or move them"
+            )
         if not overwrite and holds_work(run_dir):
             raise TrainError(
                 f"run directory {run_dir} already exists; pass --resume to continue it, "
@@ -38,7 +53,11 @@ def prepare(run_dir: Path, resume: bool, overwrite: bool, log: Callable[[str], N
             )
         if not overwrite:
             log(f"{run_dir} holds no checkpoint (a start that was interrupted); starting afresh")
-        shutil.rmtree(run_dir)
+        for p in run_dir.iterdir():
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
     run_dir.mkdir(parents=True, exist_ok=True)
     return None
 
