@@ -1,6 +1,7 @@
 """The run directory: --overwrite and --resume, damaged checkpoints set aside, a changed model refused, kill -9
 repaired."""
 
+import os
 import signal
 
 import pytest
@@ -9,6 +10,7 @@ from tiny import run_trainer, step_of, tiny_config
 
 from transformer import checkpoint, config
 from transformer.errors import TrainError
+from transformer.training import run_dir
 
 
 def test_existing_run_needs_resume_or_overwrite(tmp_path):
@@ -41,6 +43,24 @@ def test_overwrite_removes_what_tfm_wrote_and_keeps_the_folder(tmp_path):
     assert run_trainer(cfg, overwrite=True).state.step == 3
     assert cfg.out_dir.stat().st_ino == inode
     assert not (cfg.out_dir / "avg2").exists() and not (cfg.out_dir / ".best.tmp-999").exists()
+
+
+def test_a_run_directory_in_use_is_refused_naming_the_holder(tmp_path):
+    cfg = tiny_config(tmp_path, train={"max_steps": 3})
+    with run_dir.locked(cfg.out_dir):  # as a first tfm train holds it while it runs
+        with pytest.raises(TrainError, match=rf"is in use by another tfm train \(PID {os.getpid()}\)"):
+            run_trainer(cfg)
+        with pytest.raises(TrainError, match="in use"):
+            run_trainer(cfg, overwrite=True)
+    assert run_trainer(cfg).state.step == 3  # released when its holder ends
+
+
+def test_a_lock_left_by_a_killed_process_is_taken_over(tmp_path):
+    cfg = tiny_config(tmp_path, train={"max_steps": 3})
+    cfg.out_dir.mkdir(parents=True)
+    (cfg.out_dir / run_dir.LOCK).write_text("999999\n")  # its process is gone, and the kernel's lock with it
+    assert run_trainer(cfg).state.step == 3
+    assert (cfg.out_dir / run_dir.LOCK).read_text() == f"{os.getpid()}\n"
 
 
 def test_resume_refuses_changed_architecture(tmp_path):

@@ -1,8 +1,10 @@
 """The run directory at the start of training: a fresh one, one wiped by --overwrite, or one to --resume.
 
-A run directory belongs to tfm only: starting again (with --overwrite, or after a start that saved no
-checkpoint) removes what tfm writes there and nothing else, and a folder that holds anything else is
-refused, so that a name that happens to match a folder of the user's never costs them a file.
+A run directory belongs to tfm only, and to one process at a time: ``locked`` holds it for the run
+(a second ``tfm train`` on it is refused, naming the holder's PID; the kernel drops the lock with the
+process, however it ends). Starting again (with --overwrite, or after a start that saved no checkpoint)
+removes what tfm writes there and nothing else, and a folder that holds anything else is refused, so
+that a name that happens to match a folder of the user's never costs them a file.
 
 Resuming repairs what an interrupted save left behind, takes the newest checkpoint that loads whole
 (damaged newer ones are renamed ``damaged-step_N`` and kept for inspection), and refuses a config that
@@ -11,10 +13,18 @@ changes what the checkpoint's weights and tokenizer mean.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock, so no lock
+    fcntl = None
 
 from transformer import checkpoint
 from transformer.config import Config, to_dict
@@ -27,6 +37,33 @@ FROZEN_SECTIONS = ("model", "tokenizer")
 # temporary names of an atomic write (``.NAME.tmp-PID``, ``.NAME.old-PID``, ``.NAME.<random>``).
 _OWN = r"(config\.yaml|tokenizer\.json|log\.jsonl|split\.json|training\.png|checkpoints|best|avg\d+)"
 TFM_NAMES = re.compile(rf"{_OWN}|\.{_OWN}\.(tmp-\d+|old-\d+|\w{{8}})")
+LOCK = ".lock"  # the file ``locked`` holds; it stays when a run starts again
+
+
+@contextlib.contextmanager
+def locked(run_dir: Path) -> Iterator[None]:
+    """Hold ``run_dir`` for this process while the block runs (making the folder if need be; a folder of the
+    user's is refused before anything is written into it)."""
+    _refuse_foreign(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if fcntl is None:
+        yield
+        return
+    with open(run_dir / LOCK, "a+", encoding="utf-8") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "unknown"
+            raise TrainError(
+                f"run directory {run_dir} is in use by another tfm train (PID {holder}); wait for it to end, "
+                "or choose another --set name=<new name>"
+            ) from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        yield  # closing the file drops the lock
 
 
 def prepare(run_dir: Path, resume: bool, overwrite: bool, log: Callable[[str], None]) -> Path | None:
@@ -39,13 +76,9 @@ def prepare(run_dir: Path, resume: bool, overwrite: bool, log: Callable[[str], N
         if not existing:
             raise TrainError(f"--resume: no checkpoint in {run_dir}/checkpoints; start without --resume")
         return newest_intact(run_dir, existing, log)
-    if run_dir.exists() and any(run_dir.iterdir()):
-        if others := sorted(p.name for p in run_dir.iterdir() if not TFM_NAMES.fullmatch(p.name)):
-            shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
-            raise TrainError(
-                f"run directory {run_dir} holds files tfm did not write ({shown}), which it never deletes; "
-                "choose another --set name=<new name> or run_dir=<folder>, or move them"
-            )
+    entries = [p for p in run_dir.iterdir() if p.name != LOCK] if run_dir.exists() else []
+    if entries:
+        _refuse_foreign(run_dir)
         if not overwrite and holds_work(run_dir):
             raise TrainError(
                 f"run directory {run_dir} already exists; pass --resume to continue it, "
@@ -53,13 +86,25 @@ def prepare(run_dir: Path, resume: bool, overwrite: bool, log: Callable[[str], N
             )
         if not overwrite:
             log(f"{run_dir} holds no checkpoint (a start that was interrupted); starting afresh")
-        for p in run_dir.iterdir():
+        for p in entries:
             if p.is_dir() and not p.is_symlink():
                 shutil.rmtree(p)
             else:
                 p.unlink()
     run_dir.mkdir(parents=True, exist_ok=True)
     return None
+
+
+def _refuse_foreign(run_dir: Path) -> None:
+    """Refuse a run directory that holds anything tfm does not write there."""
+    if not run_dir.is_dir():
+        return
+    if others := sorted(p.name for p in run_dir.iterdir() if p.name != LOCK and not TFM_NAMES.fullmatch(p.name)):
+        shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        raise TrainError(
+            f"run directory {run_dir} holds files tfm did not write ({shown}), which it never deletes; "
+            "choose another --set name=<new name> or run_dir=<folder>, or move them"
+        )
 
 
 def holds_work(run_dir: Path) -> bool:

@@ -91,7 +91,9 @@ class Trainer:
                 self.log, self.quiet = (lambda msg: None), True
             elif note := distributed.unused_gpus_note(self.device):
                 self.log(note)
-            with StopSignals(self.log) as self.signals:  # from the start: Ctrl-C during set-up is no traceback
+            # from the start: Ctrl-C during set-up is no traceback; rank 0 holds the run directory for the run
+            hold = run_dir.locked(self.run_dir) if distributed.is_main() else contextlib.nullcontext()
+            with StopSignals(self.log) as self.signals, hold:
                 return self._run()
         finally:
             distributed.close()
