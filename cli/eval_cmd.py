@@ -41,6 +41,7 @@ def run_eval(
     runs: Path,
     output_dir: Path | None = None,
     alpha: float | None = None,
+    overwrite: bool = False,
 ) -> None:
     """Print BLEU with its signature and chrF; write hypotheses and scores JSON to ``output_dir`` (default: the
     checkpoint's eval/). The scores are printed before anything is written, so a failed write loses no result."""
@@ -86,17 +87,20 @@ def run_eval(
             ) from None
         sources, references = list(corpus.src), list(corpus.tgt)
     decode = decode_settings(cfg.decode, beam=beam, nbest=1, alpha=alpha)
+    out_dir = output_dir or path / "eval"
+    stem = f"{name}.beam{decode.beam}" + (f".alpha{alpha:g}" if alpha is not None else "")
+    reports = [out_dir / f"{stem}.hyp", out_dir / f"{stem}.json"]
+    if not overwrite and (there := [r for r in reports if r.exists()]):
+        fail(f"a report is already in {there[0]}; pass --overwrite to replace it, or --output-dir to write elsewhere")
     translator = Translator(loaded.model, loaded.tokenizer, decode, cfg.model.max_positions, dev, precision)
     hyps = [t.best for t in translator.translate(sources)]
     scores = score(hyps, references, cfg.data.tgt_lang, decode.bleu_tokenize)
     _print_scores(scores)
-    out_dir = output_dir or path / "eval"
     result = {"checkpoint": str(path), "split": name, "beam": decode.beam, "alpha": decode.alpha, **scores.as_dict()}
-    stem = f"{name}.beam{decode.beam}" + (f".alpha{alpha:g}" if alpha is not None else "")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / f"{stem}.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-        (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
+        reports[0].write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+        reports[1].write_text(json.dumps(result, indent=2), encoding="utf-8")
     except OSError as e:
         write_failed(
             f"the report in {out_dir} (the scores above are complete; pass --output-dir to save it elsewhere)", e

@@ -120,6 +120,7 @@ def eval_(
     output_dir: Optional[Path] = typer.Option(
         None, "--output-dir", help="Write hypotheses and scores here (default: <checkpoint>/eval)"
     ),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a report of the same split and settings"),
 ) -> None:
     """Translate the test split and print sacreBLEU (with its signature) and chrF."""
     from cli.eval_cmd import run_eval
@@ -127,7 +128,9 @@ def eval_(
     with user_errors():
         if (src is None) != (ref is None) and hyp is None:
             fail("--src and --ref go together; give both, or neither to use the config's test split")
-        run_eval(checkpoint, split, src, ref, hyp, beam, data_dir, device, precision, runs, output_dir, alpha)
+        run_eval(
+            checkpoint, split, src, ref, hyp, beam, data_dir, device, precision, runs, output_dir, alpha, overwrite
+        )
 
 
 @app.command()

@@ -99,6 +99,9 @@ def test_eval_prints_signature_and_writes_scores(trained, tmp_path):
     )
     saved = json.loads(next((trained / "quickstart" / "best" / "eval").glob("*.json")).read_text())
     assert saved["beam"] == 2 and 0 <= saved["bleu"] <= 100
+    again = tfm("eval", "--runs", trained, "--beam", "2")  # the same report again: refused before any work
+    assert again.returncode == 2 and "a report is already in" in again.stderr and "--overwrite" in again.stderr
+    assert tfm("eval", "--runs", trained, "--beam", "2", "--overwrite").returncode == 0
     hyp, ref = tmp_path / "h", tmp_path / "r"
     hyp.write_text("a\nb\n")
     ref.write_text("a\nb\nc\n")

@@ -90,6 +90,7 @@ def test_eval_prints_the_scores_before_a_report_that_cannot_be_written(tiny_chec
         "1",
         "--output-dir",
         tmp_path / "report",
+        "--overwrite",
     )
     assert result.exit_code == 2
     assert result.stdout.startswith("BLEU = ") and "the scores above are complete" in result.stderr
