@@ -48,6 +48,14 @@ def test_gpu_base_config_is_the_base_model_with_whole_updates_per_batch():
     assert (gpu["device"], gpu["precision"]) == ("cuda", "auto")
 
 
+def test_yaml_merge_keys_work_and_own_keys_override_them(tmp_path):
+    text = "decode: &d\n  beam: 3\n  alpha: 1.0\ntrain:\n  <<: {warmup: 7, max_steps: 9}\n  max_steps: 11\n"
+    cfg = config.load(_write(tmp_path, text))
+    assert (cfg.train.warmup, cfg.train.max_steps, cfg.decode.beam) == (7, 11, 3)
+    with pytest.raises(ConfigError, match="key 'max_steps' appears twice"):  # the section's own keys still once
+        config.load(_write(tmp_path, "train:\n  <<: {warmup: 7}\n  max_steps: 9\n  max_steps: 11\n"))
+
+
 def test_a_config_file_takes_the_devices_the_command_line_takes(tmp_path):
     assert config.load(_write(tmp_path, "device: cuda:1\n")).device == "cuda:1"
     with pytest.raises(ConfigError, match=r"device: 'gpu' is not one of auto, cpu, cuda, cuda:N, mps"):

@@ -403,11 +403,16 @@ def find(name: str | Path) -> Path:
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, except that a key given twice in one section is an error, not a silent overwrite."""
+    """YAML's safe loader, except that a key given twice in one section is an error, not a silent overwrite.
+
+    A merge key (``<<: *anchor``) is YAML's own: the keys it brings may be overridden by the section's own.
+    """
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise ConfigError(
