@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import typer
+
 from cli.exits import fail
 from transformer.config import DecodeConfig, check_decode
 
@@ -101,3 +103,11 @@ def decode_settings(decode: DecodeConfig, **given: Any) -> DecodeConfig:
     """The checkpoint's decode settings with the flags the user gave (None: not given), checked together: the one
     value in which a translation's settings reach the Translator (the loaded config is left as it was)."""
     return check_decode(dataclasses.replace(decode, **{k: v for k, v in given.items() if v is not None}))
+
+
+def at_least_one(param: typer.CallbackParam, value: int | None) -> int | None:
+    """A count on the command line (--beam, --nbest, --last...): at least 1, refused in tfm's one line rather than
+    Typer's usage box."""
+    if value is not None and value < 1:
+        fail(f"{param.opts[0]} {value} is out of range; it must be at least 1")
+    return value

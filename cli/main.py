@@ -14,7 +14,7 @@ from typing import List, Optional
 import typer
 
 from cli.exits import fail, user_errors
-from cli.guards import check_creatable, check_output
+from cli.guards import at_least_one, check_creatable, check_output
 from transformer.process import configure_before_torch
 
 configure_before_torch()  # before any command loads torch
@@ -36,7 +36,9 @@ def train(
         False, "--overwrite", help="Delete an existing run directory of the same name first"
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar (for scripts)"),
-    nproc: int = typer.Option(1, "--nproc", min=1, help="Processes on this machine, one per GPU (DDP via torchrun)"),
+    nproc: int = typer.Option(
+        1, "--nproc", callback=at_least_one, help="Processes on this machine, one per GPU (DDP via torchrun)"
+    ),
 ) -> None:
     """Train a model; checkpoints go to runs/<name>/."""
     with user_errors():
@@ -68,12 +70,14 @@ def translate(
     ),
     input_: Optional[Path] = typer.Option(None, "--input", "-i", help="File with one sentence per line"),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write translations here (default: stdout)"),
-    beam: Optional[int] = typer.Option(None, "--beam", min=1, help="Beam size (default: the config's, 4)"),
+    beam: Optional[int] = typer.Option(
+        None, "--beam", callback=at_least_one, help="Beam size (default: the config's, 4)"
+    ),
     greedy: bool = typer.Option(False, "--greedy", help="Greedy search (same as --beam 1)"),
     alpha: Optional[float] = typer.Option(None, "--alpha", help="Beam length penalty (default: the config's)"),
-    nbest: int = typer.Option(1, "--nbest", min=1, help="Print the K best: 'line ||| text ||| score'"),
+    nbest: int = typer.Option(1, "--nbest", callback=at_least_one, help="Print the K best: 'line ||| text ||| score'"),
     batch_tokens: Optional[int] = typer.Option(
-        None, "--batch-tokens", "--batch-size", min=1, help="Source tokens per batch"
+        None, "--batch-tokens", "--batch-size", callback=at_least_one, help="Source tokens per batch"
     ),
     device: str = typer.Option("auto", "--device", help="auto|cpu|cuda|cuda:N|mps"),
     precision: str = typer.Option("fp32", "--precision", help="fp32|bf16|fp16"),
@@ -109,7 +113,9 @@ def eval_(
     src: Optional[Path] = typer.Option(None, "--src", help="Source file to translate instead of a split"),
     ref: Optional[Path] = typer.Option(None, "--ref", help="Reference file for --src or --hyp"),
     hyp: Optional[Path] = typer.Option(None, "--hyp", help="Score this hypothesis file against --ref (no model)"),
-    beam: Optional[int] = typer.Option(None, "--beam", min=1, help="Beam size (default: the config's, 4)"),
+    beam: Optional[int] = typer.Option(
+        None, "--beam", callback=at_least_one, help="Beam size (default: the config's, 4)"
+    ),
     alpha: Optional[float] = typer.Option(None, "--alpha", help="Beam length penalty (default: the config's)"),
     data_dir: Optional[str] = typer.Option(
         None, "--data-dir", help="Corpus location (overrides the checkpoint's data.path)"
@@ -136,7 +142,9 @@ def eval_(
 @app.command()
 def average(
     run: Path = typer.Argument(..., help="Run directory, e.g. runs/base"),
-    last: int = typer.Option(5, "--last", min=1, help="How many of the newest step checkpoints to average"),
+    last: int = typer.Option(
+        5, "--last", callback=at_least_one, help="How many of the newest step checkpoints to average"
+    ),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Checkpoint to write (default: <run>/avg<K>)"),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --output"),
 ) -> None:
@@ -167,7 +175,7 @@ def plot(
 @app.command()
 def attention(
     sentence: str = typer.Argument(..., help="Source sentence; it is translated greedily first"),
-    layer: Optional[int] = typer.Option(None, "--layer", min=1, help="Layer, 1..N (default: the last)"),
+    layer: Optional[int] = typer.Option(None, "--layer", callback=at_least_one, help="Layer, 1..N (default: the last)"),
     head: str = typer.Option("all", "--head", help="Head, 1..h, or 'all' for a grid of every head"),
     self_: Optional[str] = typer.Option(
         None, "--self", help="encoder|decoder: self-attention instead of cross-attention"

@@ -79,6 +79,22 @@ def test_translate_sentence_file_and_stdin(trained, tmp_path):
     assert r.returncode == 0 and r.stdout.split("\n")[1] == "" and len(r.stdout.splitlines()) == 3
 
 
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["translate", "x", "--beam", "0"], "--beam 0"),
+        (["translate", "x", "--batch-size", "0"], "--batch-tokens 0"),  # an alias is named by the option's name
+        (["average", "runs/x", "--last", "0"], "--last 0"),
+        (["eval", "--beam", "-2"], "--beam -2"),
+    ],
+)
+def test_counts_below_one_are_one_line(args, said):
+    r = tfm(*args)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"error: {said} is out of range; it must be at least 1"
+    ]
+
+
 def test_nbest(trained):
     r = tfm("translate", "Ein Hund läuft.", "--runs", trained, "--beam", "3", "--nbest", "3")
     rows = r.stdout.splitlines()
