@@ -183,7 +183,7 @@ class Trainer:
                     if self.state.bad_in_a_row >= t.max_bad_steps:
                         return "non_finite"
                     if out is not None and self.state.step % t.log_every == 0:
-                        self._log(*out)
+                        self._log(out[0], out[1])
                     self._forecast()
                     early_stop = False
                     if self.state.step % t.eval_every == 0:
@@ -232,7 +232,7 @@ class Trainer:
         self.meter.tick(0 if out is None else out[2])
         self.bar.update(1)
 
-    def _log(self, loss: float, nll: float, tokens: int) -> None:
+    def _log(self, loss: float, nll: float) -> None:
         """A log line of the update, with the throughput of the updates since the last one."""
         tps = self.meter.throughput()
         lr = self.optimizer.param_groups[0]["lr"]
