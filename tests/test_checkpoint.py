@@ -4,7 +4,9 @@ import errno
 import json
 import os
 import pickle
+import subprocess
 import zipfile
+from dataclasses import replace
 
 import pytest
 import torch
@@ -65,6 +67,33 @@ def test_disk_full_is_reported_with_bytes_needed(parts, tmp_path, monkeypatch):
         checkpoint.save(path, cfg, tok, model, {"step": 2}, {"x": torch.ones(1)})
     assert checkpoint.load(path).meta["step"] == 1
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".best")] == []
+
+
+@pytest.fixture()
+def small_disk(tmp_path):
+    """A 600 KB tmpfs (as root where mounting is allowed), so that a write really runs out of space."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+@pytest.mark.parametrize("what", ["trainer state", "weights"])
+def test_a_real_full_disk_is_one_error_and_the_last_checkpoint_survives(parts, small_disk, what):
+    """safetensors and torch.save fail with errors of their own on a full disk; both become CheckpointError."""
+    cfg, tok, model = parts
+    path = checkpoint.save(small_disk / "best", cfg, tok, model, {"step": 1})
+    if what == "weights":
+        bigger = build_model(replace(cfg.model, d_model=256, d_ff=512), tok.vocab_size, tok.pad_id)
+        args = (cfg, tok, bigger, {"step": 2})
+    else:
+        args = (cfg, tok, model, {"step": 2}, {"x": torch.ones(10**6)})
+    with pytest.raises(CheckpointError, match=r"disk full while saving .* bytes needed, .* free"):
+        checkpoint.save(path, *args)
+    assert checkpoint.load(path).meta["step"] == 1
+    assert [p.name for p in small_disk.iterdir()] == ["best"]
 
 
 def test_truncated_weights_refused(parts, tmp_path):

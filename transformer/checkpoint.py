@@ -80,17 +80,21 @@ def save(
     try:
         with atomic_dir(path) as tmp:
             _write_files(tmp, cfg, tokenizer, model, meta, trainer_state)
-    except OSError as e:
-        if e.errno == errno.ENOSPC:
-            need = sum(p.numel() * p.element_size() for p in model.state_dict().values())
-            factor = 3 if trainer_state is not None else 1
-            free = shutil.disk_usage(path.parent).free
+    except (OSError, SafetensorError, RuntimeError) as e:
+        # safetensors and torch.save report a failed write in errors of their own (torch's names no cause), so a
+        # full disk is told by its errno or by the space left once the partial copy is gone
+        need = sum(p.numel() * p.element_size() for p in model.state_dict().values())
+        need *= 3 if trainer_state is not None else 1
+        free = shutil.disk_usage(path.parent).free
+        if getattr(e, "errno", None) == errno.ENOSPC or "No space left" in str(e) or free < need:
             raise CheckpointError(
-                f"disk full while saving {path}: about {need * factor:,} bytes needed, {free:,} free; "
+                f"disk full while saving {path}: about {need:,} bytes needed, {free:,} free; "
                 "free some space (older checkpoints are intact) and resume with --resume"
             ) from None
+        if isinstance(e, RuntimeError):
+            raise  # not a failed write: a bug, keep its traceback
         raise CheckpointError(
-            f"cannot write checkpoint {path}: {e.strerror or e}; check the directory is writable"
+            f"cannot write checkpoint {path}: {getattr(e, 'strerror', None) or e}; check the directory is writable"
         ) from None
     return path
 
