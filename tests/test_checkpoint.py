@@ -96,6 +96,15 @@ def test_a_real_full_disk_is_one_error_and_the_last_checkpoint_survives(parts, s
     assert [p.name for p in small_disk.iterdir()] == ["best"]
 
 
+def test_non_finite_weights_refused_naming_the_tensor(parts, tmp_path):
+    cfg, tok, model = parts
+    with torch.no_grad():
+        model.decoder.layers[0].ff.w_1.weight[0, 0] = float("nan")
+    path = checkpoint.save(tmp_path / "ck", cfg, tok, model, {})
+    with pytest.raises(CheckpointError, match=r"holds non-finite values \(NaN or inf\) in decoder.layers.0.ff.w_1"):
+        checkpoint.load(path)
+
+
 def test_truncated_weights_refused(parts, tmp_path):
     cfg, tok, model = parts
     path = checkpoint.save(tmp_path / "ck", cfg, tok, model, {})

@@ -5,7 +5,9 @@ import os
 import signal
 
 import pytest
+import torch
 from cli_helpers import last_step, run_of, train
+from safetensors.torch import save_model
 from tiny import run_trainer, step_of, tiny_config
 
 from transformer import checkpoint, config
@@ -84,6 +86,22 @@ def test_resume_skips_a_damaged_newest_checkpoint_and_keeps_it_aside(tmp_path):
     aside = newest.with_name(f"damaged-{newest.name}")
     assert aside.is_dir() and (aside / checkpoint.WEIGHTS).stat().st_size == 100
     assert any("is damaged" in m and str(aside) in m for m in messages)
+
+
+def test_resume_sets_aside_a_checkpoint_whose_weights_went_non_finite(tmp_path):
+    cfg = tiny_config(tmp_path, train={"max_steps": 6, "save_every": 3, "eval_every": 1000})
+    run_trainer(cfg)
+    newest = cfg.out_dir / "checkpoints" / "step_6"
+    loaded = checkpoint.load(newest)
+    with torch.no_grad():
+        loaded.model.generator.weight[0, 0] = float("inf")
+    save_model(loaded.model, str(newest / checkpoint.WEIGHTS))
+    messages = []
+    resumed = run_trainer(
+        tiny_config(tmp_path, train={"max_steps": 9, "save_every": 3}), resume=True, log=messages.append
+    )
+    assert resumed.state.step == 9 and any("step_6 is damaged" in m and "non-finite" in m for m in messages)
+    assert (cfg.out_dir / "checkpoints" / "damaged-step_6").is_dir()
 
 
 def test_resume_with_only_damaged_checkpoints_is_a_clear_error(tmp_path):

@@ -170,6 +170,12 @@ def load(path: str | Path, device: str | torch.device = "cpu") -> Loaded:
             f"{path / WEIGHTS} does not fit the model in {CONFIG} (missing {sorted(missing)[:3]}, unexpected "
             f"{sorted(unexpected)[:3]}); the files come from different runs"
         )
+    weights = model.state_dict()
+    if bad := next((k for k, t in weights.items() if t.is_floating_point() and not torch.isfinite(t).all()), None):
+        raise CheckpointError(
+            f"{path / WEIGHTS} holds non-finite values (NaN or inf) in {bad}; these weights cannot translate or "
+            "train: use an earlier checkpoint"
+        )
     model.to(device)
     return Loaded(cfg, tokenizer, model, meta, path)
 
