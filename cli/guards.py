@@ -37,10 +37,16 @@ def check_input(path: Path, what: str = "input file") -> None:
 
 
 def _endless_device(path: Path) -> bool:
-    """A character device that reads forever (/dev/zero, /dev/full, /dev/urandom): not a terminal, not /dev/null."""
+    """A character device that reads forever (/dev/zero, /dev/full, /dev/urandom): not a terminal, not /dev/null.
+
+    Stat through the path as given: a pipe (``/dev/stdin``, ``<(...)``) resolves to a name such as
+    ``/proc/PID/fd/pipe:[N]`` that cannot be opened again.
+    """
+    if not stat.S_ISCHR(path.stat().st_mode):
+        return False
     real = path.resolve()
     terminal = real.name.startswith("tty") or real.parent.name == "pts"
-    return stat.S_ISCHR(real.stat().st_mode) and not terminal and real != Path("/dev/null")
+    return not terminal and real != Path("/dev/null")
 
 
 def check_output(path: Path, overwrite: bool, inputs: tuple[Path | None, ...] = (), flag: str = "--output") -> None:

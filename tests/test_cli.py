@@ -79,6 +79,13 @@ def test_translate_sentence_file_and_stdin(trained, tmp_path):
     assert r.returncode == 0 and r.stdout.split("\n")[1] == "" and len(r.stdout.splitlines()) == 3
 
 
+def test_a_pipe_given_as_a_path_is_read_like_a_file(trained):
+    """--input /dev/stdin (or bash's <(...)) names a pipe, whose resolved name cannot be opened again."""
+    r = tfm("translate", "--input", "/dev/stdin", "--greedy", "--runs", trained, input="Ein Hund läuft.\nDie Frau.\n")
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout.splitlines()) == 2
+
+
 @pytest.mark.parametrize(
     "args, said",
     [
