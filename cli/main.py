@@ -55,8 +55,10 @@ def train(
             flags = [f"--set={s}" for s in overrides] + ["--resume"] * resume + ["--overwrite"] * overwrite
             code = launch(nproc, ["train", f"--config={config}", *flags, *["--quiet"] * quiet])
             raise typer.Exit(code)
+        from cli.streams import keep_going_without_readers
         from transformer.training.trainer import Trainer
 
+        keep_going_without_readers()  # `tfm train | head` must not end a run that has hours to go
         result = Trainer(cfg, resume=resume, overwrite=overwrite, quiet=quiet).run()
     if result.exit_code:
         raise typer.Exit(result.exit_code)
