@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import typing
 from dataclasses import dataclass, field
@@ -141,6 +142,7 @@ class Config:
 DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?|mps")  # what device accepts, in a config file as on the command line
 
 _RANGES: list[tuple[str, Any, str]] = [
+    ("seed", lambda v: v >= 0, "0 or more"),
     ("model.N", lambda v: v >= 1, "at least 1"),
     ("model.d_model", lambda v: v >= 1, "at least 1"),
     ("model.d_ff", lambda v: v >= 1, "at least 1"),
@@ -154,7 +156,11 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("train.accumulate", lambda v: v >= 1, "at least 1"),
     ("train.pad_multiple", lambda v: v >= 1, "at least 1"),
     ("train.label_smoothing", lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
+    ("tokenizer.min_frequency", lambda v: v >= 1, "at least 1"),
     ("train.lr_factor", lambda v: v > 0, "positive"),
+    ("train.peak_lr", lambda v: v > 0, "positive (or null: the paper's schedule)"),
+    ("train.max_minutes", lambda v: v > 0, "positive (or null: no time limit)"),
+    ("train.eval_sentences", lambda v: v >= 1, "at least 1"),
     ("train.warmup", lambda v: v >= 1, "at least 1"),
     ("train.eps", lambda v: v > 0, "positive"),
     ("train.clip_norm", lambda v: v >= 0, "0 (off) or positive"),
@@ -288,7 +294,7 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"device: '{cfg.device}' is not one of auto, cpu, cuda, cuda:N, mps")
     for key, ok, want in _RANGES:
         value = _get(cfg, key)
-        if not ok(value):
+        if value is not None and (not ok(value) or (isinstance(value, float) and not math.isfinite(value))):
             raise ConfigError(f"{key}: {value!r} is out of range; it must be {want}")
     if not _PLAIN_NAME.fullmatch(cfg.name) or cfg.name in (".", ".."):
         raise ConfigError(
