@@ -86,11 +86,10 @@ class Updater:
             )
         return loss_sum / total, nll_sum
 
-    def _graphed_step(self, batch: Batch, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Forward, loss and backward with the divisor as a tensor (what a CUDA graph may replay): the loss's sum
-        times ``scale`` (1 / the update's tokens) and the NLL's sum; the backward of the first."""
-        loss, nll = self.micro_loss(batch, 1)
-        loss = loss * scale
+    def _graphed_step(self, batch: Batch, total: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``micro_loss`` and the loss's backward, with the update's target tokens as a tensor (what a CUDA graph
+        may replay)."""
+        loss, nll = self.micro_loss(batch, total)
         loss.backward()
         return loss.detach(), nll.detach()
 
@@ -102,7 +101,7 @@ class Updater:
         for k, (b, weight) in enumerate(work.batches):
             b = b.to(self.device, non_blocking=self.device.type == "cuda")
             if self.graphs is not None:  # one process, bf16 or fp32: no DDP sync, no loss scale, weight 1
-                loss, nll = self.graphs(b, 1.0 / total)
+                loss, nll = self.graphs(b, float(total))
             else:
                 with distributed.sync_unless(self.ddp, skip=k < len(work.batches) - 1):
                     loss, nll = self.micro_loss(b, total)
