@@ -47,12 +47,14 @@ class Batch:
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         """The same batch on ``device``; non_blocking to CUDA goes through pinned memory, so the copy is async."""
-        pin = non_blocking and torch.device(device).type == "cuda"
+        pin = non_blocking and torch.device(device).type == "cuda" and self.src.device.type == "cpu"
+        b = self.pin_memory() if pin else self
+        return Batch(*(t.to(device, non_blocking=non_blocking) for t in (b.src, b.tgt_in, b.tgt_out)), self.n_tokens)
 
-        def move(t: Tensor) -> Tensor:
-            return (t.pin_memory() if pin and t.device.type == "cpu" else t).to(device, non_blocking=non_blocking)
-
-        return Batch(move(self.src), move(self.tgt_in), move(self.tgt_out), self.n_tokens)
+    def pin_memory(self) -> Batch:
+        """The same batch in page-locked host memory, which a CUDA copy reads without waiting (already pinned
+        tensors are not copied again)."""
+        return Batch(self.src.pin_memory(), self.tgt_in.pin_memory(), self.tgt_out.pin_memory(), self.n_tokens)
 
     @property
     def longest(self) -> int:

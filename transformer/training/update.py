@@ -47,12 +47,8 @@ def collate_update(
     batches = []
     for idx, weight in distributed.shard(micro):  # this rank's batches: all of them in a single process
         b = collate(data, idx, tokenizer, t.pad_multiple, static)
-        batches.append((_pinned(b) if pin else b, weight))
+        batches.append((b.pin_memory() if pin else b, weight))
     return UpdateBatches(batches, distributed.target_tokens(data.tgt_lengths, micro))
-
-
-def _pinned(b: Batch) -> Batch:
-    return Batch(b.src.pin_memory(), b.tgt_in.pin_memory(), b.tgt_out.pin_memory(), b.n_tokens)
 
 
 class Updater:
