@@ -8,7 +8,7 @@ from typing import ContextManager
 
 import torch
 
-from transformer.config import TrainConfig
+from transformer.config import DEVICE, TrainConfig
 from transformer.errors import ConfigError
 
 
@@ -49,7 +49,7 @@ def resolve_device(name: str) -> torch.device:
         if not index.isdigit() or int(index) >= count:
             raise ConfigError(f"device '{name}': this machine has {count} CUDA GPU(s); use cuda:0 to cuda:{count - 1}")
         return torch.device(name)
-    if name not in ("auto", "cpu", "cuda", "mps"):
+    if not DEVICE.fullmatch(name):
         hint = " (a GPU is 'cuda')" if name == "gpu" else ""
         raise ConfigError(f"device '{name}' is not one of auto, cpu, cuda, cuda:N, mps{hint}; pick one of them")
     if name == "auto":
