@@ -212,10 +212,7 @@ class Trainer:
                 batches[i : i + size], self.train_enc, self.tokenizer, self.cfg, pin
             )
 
-        with contextlib.closing(
-            ahead(collated, range(self.state.batch_in_epoch, len(batches), size), t.prefetch)
-        ) as made:
-            yield from made
+        yield from ahead(collated, range(self.state.batch_in_epoch, len(batches), size), t.prefetch)
 
     def _count(self, out: tuple[float, float, int] | None, batch_in_epoch: int) -> None:
         """Book an update: where the data stands, the step, the clock, and a finite or a skipped update."""
