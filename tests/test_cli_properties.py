@@ -1,6 +1,7 @@
 """The command line under generated input: whatever paths, numbers, devices, settings and sentences a user types, `tfm`
 answers with an exit code from the documented set (0 done, 2 refused), never a traceback, and changes no file
-but the ones the command says it writes."""
+but the ones the command says it writes. Around the command: folders of the user's at output paths and run names,
+a run held by another process, a checkpoint whose weights hold NaN, and the full disk of /dev/full."""
 
 from __future__ import annotations
 
@@ -11,12 +12,15 @@ import stat
 import tempfile
 from pathlib import Path
 
+import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from safetensors.torch import load_file, save_file
 from tiny import SAMPLE
 from typer.testing import CliRunner
 
 from cli.main import app
+from transformer.training.run_dir import locked
 
 EXIT_CODES = {0, 2}
 
@@ -43,6 +47,9 @@ ALPHAS = ["0", "0.6", "-1", "nan", "inf", "x"]
 DEVICES = ["cpu", "CPU", "gpu", "cuda", "cuda:7", "meta", "auto", ""]
 PRECISIONS = ["fp32", "bf16", "fp16", "fp8", ""]
 DEVICES_NAMED = [p for p in PATHS if p.startswith("/dev/")]  # never to be replaced, whatever the command
+USERS = ["exists.en", "folder/mine.txt", "runs/thesis/ch1.tex"]  # the user's own files: never changed or deleted
+HELD = "runs/held"  # a run another tfm train holds while the command runs
+NAN = "runs/nan/best"  # a checkpoint with a NaN weight: refused by every command that loads it
 QUICK = [
     "--set",
     f"data.path={SAMPLE}",
@@ -64,7 +71,7 @@ def option(name: str, values: st.SearchStrategy[str]) -> st.SearchStrategy[list[
 def command() -> st.SearchStrategy[list[str]]:
     path = st.sampled_from(PATHS)
     ckpt = option(
-        "--checkpoint", st.sampled_from(["runs/tiny/best", "runs/tiny/checkpoints/step_6", "missing", "in.de"])
+        "--checkpoint", st.sampled_from(["runs/tiny/best", "runs/tiny/checkpoints/step_6", "missing", "in.de", NAN])
     )
     common = [ckpt, option("--device", st.sampled_from(DEVICES)), option("--precision", st.sampled_from(PRECISIONS))]
     translate = st.tuples(
@@ -108,7 +115,7 @@ def command() -> st.SearchStrategy[list[str]]:
     )
     export = st.tuples(
         st.just(["export"]),
-        st.sampled_from(["runs/tiny/best", "missing"]).map(lambda p: ["--checkpoint", p]),
+        st.sampled_from(["runs/tiny/best", "missing", NAN]).map(lambda p: ["--checkpoint", p]),
         st.sampled_from(PATHS).map(lambda p: ["--output", p]),
         st.sampled_from([[], ["--overwrite"]]),
     )
@@ -125,6 +132,8 @@ def command() -> st.SearchStrategy[list[str]]:
                 "name=q",
                 "run_dir=runs",
                 "name=tiny",
+                "name=thesis",
+                "name=held",
                 "name=../x",
                 "name=a/b",
                 "run_dir=in.de/sub",
@@ -178,10 +187,27 @@ def allowed(args: list[str]) -> list[str]:
 def workspace(run: Path) -> Path:
     root = Path(tempfile.mkdtemp(prefix="tfm-cli-"))
     shutil.copytree(run, root / "runs/tiny")
+    shutil.copytree(run, root / HELD)
+    shutil.copytree(run / "best", root / NAN)
+    weights = load_file(root / NAN / "model.safetensors")
+    name = sorted(weights)[0]
+    weights[name] = weights[name].clone().index_fill_(0, torch.tensor([0]), float("nan"))
+    save_file(weights, root / NAN / "model.safetensors")
     shutil.copy(SAMPLE / "valid.de", root / "in.de")
-    (root / "exists.en").write_text("the user's own file\n", encoding="utf-8")
-    (root / "folder").mkdir()
+    for user in USERS:
+        (root / user).parent.mkdir(parents=True, exist_ok=True)
+        (root / user).write_text("the user's own file\n", encoding="utf-8")
     return root
+
+
+def loads_nan_weights(args: list[str]) -> bool:
+    """Whether the command reads the NaN checkpoint's weights (eval --hyp scores a file and reads only the config)."""
+    named = {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--")}
+    return (
+        named.get("--checkpoint") == NAN
+        and args[0] in ("translate", "eval", "attention", "export")
+        and ("--hyp" not in named)
+    )
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -191,7 +217,8 @@ def test_any_command_line_ends_in_a_documented_exit_code_and_writes_only_its_out
     try:
         monkeypatch.chdir(root)
         before = snapshot(root)
-        result = CliRunner().invoke(app, args, input="Ein Hund läuft.\n", env={"TFM_SHARED_CPU": "1"})
+        with locked(root / HELD):
+            result = CliRunner().invoke(app, args, input="Ein Hund läuft.\n", env={"TFM_SHARED_CPU": "1"})
         event(f"{args[0]} exit {result.exit_code}")  # --hypothesis-show-statistics shows the mix
         assert result.exit_code in EXIT_CODES, (args, result.output, result.exception)
         assert result.exception is None or isinstance(result.exception, SystemExit), (args, result.exception)
@@ -202,6 +229,9 @@ def test_any_command_line_ends_in_a_documented_exit_code_and_writes_only_its_out
         stray = {p for p in changed if not any(p == o or p.startswith(o.rstrip("/") + "/") for o in outputs)}
         assert not stray, (args, stray)
         assert after.get("exists.en") == before["exists.en"] or "--overwrite" in args, args
+        assert all(after.get(u) == before[u] for u in USERS[1:]), args  # never, not even with --overwrite
+        assert not any(p.startswith(HELD + "/") for p in changed), args  # nor a run another process holds
+        assert result.exit_code == 2 or not loads_nan_weights(args), (args, result.output)
         assert all(stat.S_ISCHR(os.stat(d).st_mode) for d in DEVICES_NAMED if os.path.exists(d)), args
     finally:
         shutil.rmtree(root, ignore_errors=True)
