@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 from pathlib import Path
 
 from cli.exits import fail
@@ -17,6 +18,27 @@ def _read(path: Path) -> list[str]:
     except UnicodeDecodeError as e:
         line = path.read_bytes()[: e.start].count(b"\n") + 1
         fail(f"{path} line {line}: invalid UTF-8; re-encode the file as UTF-8")
+
+
+def _command(
+    path: Path,
+    split: str | None,
+    src: Path | None,
+    ref: Path | None,
+    beam: int | None,
+    alpha: float | None,
+    precision: str,
+    data_dir: str | None,
+) -> str:
+    """The ``tfm eval`` command line that gives this report again, for the report and a model card."""
+    args = ["tfm", "eval", "--checkpoint", str(path)]
+    named = {"--split": split, "--src": src, "--ref": ref, "--beam": beam, "--alpha": alpha, "--data-dir": data_dir}
+    for option, value in named.items():
+        if value is not None:
+            args += [option, str(value)]
+    if precision != "fp32":
+        args += ["--precision", precision]
+    return shlex.join(args)
 
 
 def _print_scores(scores) -> None:
@@ -96,7 +118,14 @@ def run_eval(
     hyps = [t.best for t in translator.translate(sources)]
     scores = score(hyps, references, cfg.data.tgt_lang, decode.bleu_tokenize)
     _print_scores(scores)
-    result = {"checkpoint": str(path), "split": name, "beam": decode.beam, "alpha": decode.alpha, **scores.as_dict()}
+    result = {
+        "checkpoint": str(path),
+        "split": name,
+        "beam": decode.beam,
+        "alpha": decode.alpha,
+        **scores.as_dict(),
+        "command": _command(path, split, src, ref, beam, alpha, precision, data_dir),
+    }
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         reports[0].write_text("".join(h + "\n" for h in hyps), encoding="utf-8")

@@ -218,10 +218,12 @@ def attention(
 def export(
     checkpoint: Path = typer.Option(..., "--checkpoint", help="Checkpoint directory, e.g. runs/small/best"),
     output: Path = typer.Option(..., "--output", "-o", help="Directory to write the exported model into"),
-    format_: str = typer.Option("ctranslate2", "--format", help="ctranslate2 (needs pip install ctranslate2)"),
+    format_: str = typer.Option(
+        "ctranslate2", "--format", help="ctranslate2 or hf (a MarianMTModel folder for transformers)"
+    ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --output"),
 ) -> None:
-    """Convert a checkpoint for another inference engine (CTranslate2), weights and vocabulary included."""
+    """Convert a checkpoint for CTranslate2 or Hugging Face transformers, weights and vocabulary included."""
     with user_errors():
         from transformer.decoding.export import export as export_checkpoint
 

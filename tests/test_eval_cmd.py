@@ -36,7 +36,7 @@ def test_eval_refuses_files_of_different_line_counts(tiny_checkpoint, tmp_path):
     assert not (tiny_checkpoint / "eval").exists()
 
 
-def test_eval_alpha_is_recorded_beside_the_beam(tiny_checkpoint, tmp_path):
+def test_eval_alpha_and_the_command_are_recorded_beside_the_beam(tiny_checkpoint, tmp_path):
     src, ref = tmp_path / "src.de", tmp_path / "ref.en"
     src.write_text("Ein Hund.\nDie Frau.\n", encoding="utf-8")
     ref.write_text("A dog.\nThe woman.\n", encoding="utf-8")
@@ -64,3 +64,6 @@ def test_eval_alpha_is_recorded_beside_the_beam(tiny_checkpoint, tmp_path):
     assert r.exit_code == 0, r.output
     saved = json.loads((out / "src.de.beam2.alpha1.5.json").read_text())
     assert saved["alpha"] == 1.5 and saved["beam"] == 2 and (out / "src.de.beam2.alpha1.5.hyp").is_file()
+    assert saved["command"] == (
+        f"tfm eval --checkpoint {tiny_checkpoint} --src {src} --ref {ref} --beam 2 --alpha 1.5"
+    )  # the command that gives this report again

@@ -1,4 +1,4 @@
-"""Export a checkpoint to other inference engines; for now CTranslate2 (``tfm export --format ctranslate2``).
+"""Export a checkpoint to other inference engines: CTranslate2 (here) and Hugging Face transformers (hf_export).
 
 The CTranslate2 model is built with its Python spec API (``TransformerSpec.from_config``) and filled
 tensor by tensor from tfm's state dict, so CTranslate2 runs exactly tfm's network: the same weights,
@@ -19,7 +19,7 @@ from transformer.checkpoint import Loaded, load
 from transformer.errors import ExportError
 from transformer.files import atomic_dir
 
-FORMATS = ("ctranslate2",)
+FORMATS = ("ctranslate2", "hf")
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -103,6 +103,13 @@ def export(checkpoint: str | Path, output: str | Path, fmt: str = "ctranslate2",
     if out.exists() and not overwrite:
         raise ExportError(f"{out} already exists; pass --overwrite or choose another --output")
     loaded = load(checkpoint, "cpu")
+    if fmt == "hf":
+        from transformer.decoding.hf_export import check_exportable, write_hf
+
+        check_exportable(loaded.cfg)
+        with atomic_dir(out) as tmp:
+            write_hf(loaded, tmp)
+        return out
     spec = ctranslate2_spec(loaded)
     with atomic_dir(out) as tmp:
         spec.save(str(tmp))

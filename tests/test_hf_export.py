@@ -1,0 +1,150 @@
+"""``tfm export --format hf``: a MarianMTModel folder that transformers reloads and that computes tfm's network
+(skipped without transformers)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from tiny import ROOT, tiny_config
+
+from transformer import checkpoint
+from transformer.decoding.export import export
+from transformer.decoding.hf_export import residual_order
+from transformer.decoding.search import beam_search, greedy_search
+from transformer.errors import ExportError
+from transformer.model.transformer import build_model, sinusoids
+
+transformers = pytest.importorskip("transformers")
+
+LINES = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "Eine Frau liest ein Buch.", "<END> Hallo"]
+
+
+@pytest.fixture(params=[True, False], ids=["tied", "untied"])
+def saved(request, tmp_path, sample_tokenizer):
+    """A randomly initialised tiny post-norm checkpoint, its embeddings tied or not."""
+    cfg = tiny_config(tmp_path, model={"dropout": 0.0, "tie_embeddings": request.param})
+    torch.manual_seed(0)
+    model = build_model(cfg.model, sample_tokenizer.vocab_size, sample_tokenizer.pad_id)
+    return checkpoint.save(tmp_path / "ckpt", cfg, sample_tokenizer, model, {"step": 0})
+
+
+def _reload(folder):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    return tokenizer, transformers.MarianMTModel.from_pretrained(folder).eval()
+
+
+def test_residual_order_turns_tfm_sinusoids_into_marians():
+    d = 16
+    pos = torch.arange(5, dtype=torch.float64)[:, None]
+    freq = 10000 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    marian = torch.cat([torch.sin(pos * freq), torch.cos(pos * freq)], 1).float()
+    assert torch.allclose(sinusoids(0, 5, d)[:, residual_order(d)], marian, atol=1e-6)
+
+
+def test_reloaded_export_computes_tfm_logits(saved, tmp_path):
+    out = export(saved, tmp_path / "hf", fmt="hf")
+    tokenizer, marian = _reload(out)
+    loaded = checkpoint.load(saved)
+    batch = tokenizer(LINES, return_tensors="pt", padding=True)
+    tgt = torch.tensor([[1, 40, 41, 42, 2], [1, 50, 2, 0, 0], [1, 60, 61, 2, 0], [1, 2, 0, 0, 0]])
+    with torch.no_grad():
+        ours = loaded.model.eval()(batch.input_ids, tgt)
+        theirs = marian(**batch, decoder_input_ids=tgt, decoder_attention_mask=(tgt != 0).long()).logits
+    keep = tgt != 0
+    assert torch.allclose(ours[keep], theirs[keep], atol=1e-4), (ours - theirs)[keep].abs().max()
+
+
+def test_tokenizer_encodes_and_decodes_as_tfm(saved, tmp_path):
+    out = export(saved, tmp_path / "hf", fmt="hf")
+    tokenizer, _ = _reload(out)
+    tok = checkpoint.load(saved).tokenizer
+    for line in LINES + ["  spaces\tand\u00e9 ünïcödé 漢字 "]:
+        ids = tokenizer(line).input_ids
+        assert ids == tok.encode(line) + [tok.end_id]  # a literal "<END>" in the text stays text
+        assert tokenizer.decode(ids, skip_special_tokens=True) == tok.decode(ids)
+    assert (tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id) == (0, 2, 1)
+
+
+def test_greedy_and_beam_search_give_tfms_tokens(tiny_run, tmp_path):
+    """Greedy, and beam search where the two length penalties agree (tfm's alpha 0, transformers' 0)."""
+    out = export(tiny_run.run_dir / "best", tmp_path / "hf", fmt="hf")
+    tokenizer, marian = _reload(out)
+    loaded = checkpoint.load(tiny_run.run_dir / "best")
+    tok = loaded.tokenizer
+    for line in LINES:
+        src = torch.tensor([tok.encode(line) + [tok.end_id]])
+        limit = src.size(1) + 8
+        greedy = greedy_search(loaded.model, src, tok.start_id, tok.end_id, max_len_b=8)[0].tokens
+        beam = beam_search(loaded.model, src, tok.start_id, tok.end_id, beam=3, alpha=0.0, max_len_b=8)[0][0].tokens
+        with torch.no_grad():
+            hf_greedy = marian.generate(src, num_beams=1, max_new_tokens=limit)[0, 1:].tolist()
+            hf_beam = marian.generate(src, num_beams=3, length_penalty=0.0, max_new_tokens=limit)[0, 1:].tolist()
+        if len(greedy) < limit:  # tfm stopped on <END>, not on its length limit
+            assert hf_greedy[: len(greedy) + 1] == greedy + [tok.end_id], line
+        if len(beam) < limit:
+            assert hf_beam[: len(beam) + 1] == beam + [tok.end_id], line
+
+
+def test_export_loads_and_translates_with_no_tfm_code(tiny_run, tmp_path):
+    """In a fresh interpreter where importing tfm's packages fails, transformers alone reloads and translates."""
+    out = export(tiny_run.run_dir / "best", tmp_path / "hf", fmt="hf")
+    script = textwrap.dedent(
+        f"""
+        import sys
+        class NoTfm:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in ("transformer", "cli", "configs"):
+                    raise ImportError("tfm code imported: " + name)
+        sys.meta_path.insert(0, NoTfm())
+        from transformers import AutoTokenizer, MarianMTModel
+        tok = AutoTokenizer.from_pretrained({str(out)!r})
+        model = MarianMTModel.from_pretrained({str(out)!r})
+        batch = tok(["Ein Mann fährt Fahrrad."], return_tensors="pt")
+        print(tok.batch_decode(model.generate(**batch, num_beams=2, max_new_tokens=8), skip_special_tokens=True)[0])
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip()
+
+
+def test_export_refuses_pre_norm_and_an_existing_folder(tmp_path, sample_tokenizer, saved):
+    cfg = tiny_config(tmp_path, model={"norm_first": True})
+    model = build_model(cfg.model, sample_tokenizer.vocab_size, sample_tokenizer.pad_id)
+    pre = checkpoint.save(tmp_path / "pre", cfg, sample_tokenizer, model, {"step": 0})
+    with pytest.raises(ExportError, match="pre-norm"):
+        export(pre, tmp_path / "hf-pre", fmt="hf")
+    assert not (tmp_path / "hf-pre").exists()
+    export(saved, tmp_path / "hf", fmt="hf")
+    with pytest.raises(ExportError, match="already exists"):
+        export(saved, tmp_path / "hf", fmt="hf")
+
+
+def test_export_without_transformers_is_one_line(saved, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    with pytest.raises(ExportError, match="pip install transformers"):
+        export(saved, tmp_path / "hf", fmt="hf")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_tfm_export_hf_command(tiny_run, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run(
+        [sys.executable, "-m", "cli", "export", "--checkpoint", str(tiny_run.run_dir / "best")]
+        + ["--output", str(tmp_path / "hf"), "--format", "hf"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == str(tmp_path / "hf")
+    assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json", "README.md"} <= {
+        p.name for p in (tmp_path / "hf").iterdir()
+    }

@@ -1,0 +1,41 @@
+"""The model card of an exported folder: Hub metadata, the checkpoint's eval scores with signature and command,
+and the training config."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from transformer import checkpoint
+from transformer.decoding.model_card import model_card
+
+
+def test_card_names_the_languages_and_says_when_there_is_no_score(tiny_checkpoint):
+    card = model_card(checkpoint.load(tiny_checkpoint))
+    cfg = checkpoint.read_config(tiny_checkpoint)
+    assert card.startswith("---\nlibrary_name: transformers\npipeline_tag: translation\n")
+    assert f"language: [{cfg.data.src_lang}, {cfg.data.tgt_lang}]" in card
+    assert "Not scored yet: `tfm eval --checkpoint" in card
+    assert (tiny_checkpoint / "config.yaml").read_text(encoding="utf-8").strip() in card
+
+
+def test_card_carries_each_eval_report_with_its_signature_and_command(tiny_checkpoint, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint, ckpt)
+    (ckpt / "eval").mkdir(exist_ok=True)
+    report = {
+        "split": "test_2016_flickr",
+        "beam": 5,
+        "alpha": 3.0,
+        "bleu": 40.64,
+        "bleu_lc": 42.1,
+        "chrf": 61.5,
+        "bleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.5.1",
+        "command": f"tfm eval --checkpoint {ckpt}",
+    }
+    (ckpt / "eval" / "test_2016_flickr.beam5.json").write_text(json.dumps(report), encoding="utf-8")
+    (ckpt / "eval" / "broken.json").write_text("{", encoding="utf-8")
+    card = model_card(checkpoint.load(ckpt))
+    assert f"| test_2016_flickr | 40.64 | 42.10 | 61.50 | 5 | 3.0 | `tfm eval --checkpoint {ckpt}` |" in card
+    assert "- `nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.5.1`" in card
+    assert "Not scored yet" not in card

@@ -1,0 +1,99 @@
+"""The README.md of an exported Hugging Face folder: what the model is, how to run it, its scores and config.
+
+Scores come from the checkpoint's own ``tfm eval`` reports (``<checkpoint>/eval/*.json``), each with its
+sacreBLEU signature and the command that produced it, so the folder can be pushed to the Hub as it is.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from transformer.checkpoint import Loaded
+
+
+def _scores(checkpoint: Path) -> list[dict]:
+    """The eval reports written into the checkpoint, sorted by file name; unreadable files are skipped."""
+    reports = []
+    for path in sorted((checkpoint / "eval").glob("*.json")):
+        try:
+            report = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(report, dict) and "bleu" in report:
+            reports.append(report)
+    return reports
+
+
+def _score_lines(checkpoint: Path) -> list[str]:
+    reports = _scores(checkpoint)
+    if not reports:
+        return [
+            f"Not scored yet: `tfm eval --checkpoint {checkpoint}` before exporting puts the test BLEU here.",
+        ]
+    lines = ["| split | BLEU | BLEU (lowercased) | chrF | beam | alpha | command |", "|---|---|---|---|---|---|---|"]
+    for r in reports:
+        command = r.get("command", f"tfm eval --checkpoint {r.get('checkpoint', checkpoint)}")
+        lc = f"{r['bleu_lc']:.2f}" if "bleu_lc" in r else "-"
+        chrf = f"{r['chrf']:.2f}" if "chrf" in r else "-"
+        lines.append(
+            f"| {r.get('split', '?')} | {r['bleu']:.2f} | {lc} | {chrf} | {r.get('beam', '?')} | "
+            f"{r.get('alpha', '?')} | `{command}` |"
+        )
+    lines.append("")
+    lines += [f"- `{r['bleu_signature']}`" for r in reports if "bleu_signature" in r]
+    return lines
+
+
+def model_card(loaded: Loaded) -> str:
+    """Markdown with Hub metadata, usage for transformers 4 and 5, the scores and the training config."""
+    cfg, m = loaded.cfg, loaded.cfg.model
+    src, tgt = cfg.data.src_lang, cfg.data.tgt_lang
+    config_yaml = (loaded.path / "config.yaml").read_text(encoding="utf-8").rstrip()
+    lines = [
+        "---",
+        "library_name: transformers",
+        "pipeline_tag: translation",
+        f"language: [{src}, {tgt}]",
+        "tags: [translation, marian, tfm]",
+        "---",
+        "",
+        f"# {cfg.name}: {src} -> {tgt}",
+        "",
+        f"The Transformer of *Attention Is All You Need* (N={m.N}, d_model={m.d_model}, d_ff={m.d_ff}, h={m.h}), "
+        f"trained from scratch with tfm on `{cfg.data.path}` ({cfg.data.format}) for "
+        f"{loaded.meta.get('step', '?')} updates and exported as a MarianMTModel (`tfm export --format hf`). "
+        "It computes tfm's own network: the residual stream's dimensions are reordered so that Marian's "
+        "sinusoids equal tfm's.",
+        "",
+        "## Use",
+        "",
+        "```python",
+        "from transformers import AutoTokenizer, MarianMTModel",
+        "",
+        'tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")',
+        'model = MarianMTModel.from_pretrained("path/to/this/folder")',
+        'batch = tokenizer(["your sentence"], return_tensors="pt", padding=True)',
+        "print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))",
+        "```",
+        "",
+        'With transformers 4, `pipeline("translation", model="path/to/this/folder")` works too '
+        "(transformers 5 removed that pipeline).",
+        "",
+        f"Beam search uses {cfg.decode.beam} beams. tfm normalises a hypothesis's log-probability by GNMT's "
+        f"((5 + length) / 6) ** alpha (alpha {cfg.decode.alpha:g} in this model's config); transformers divides "
+        "by length ** length_penalty, so beam results can differ; greedy search (`num_beams=1`) and beam search "
+        "with tfm's alpha 0 against `length_penalty=0` rank the same.",
+        "",
+        "## Scores",
+        "",
+        *_score_lines(loaded.path),
+        "",
+        "## Training config",
+        "",
+        "```yaml",
+        config_yaml,
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
