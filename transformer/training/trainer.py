@@ -39,7 +39,7 @@ from transformer.training.prefetch import ahead
 from transformer.training.schedule import make_optimizer
 from transformer.training.signals import StopSignals
 from transformer.training.train_state import TrainState
-from transformer.training.update import UpdateBatches, Updater, collate_update
+from transformer.training.update import UpdateBatches, Updated, Updater, collate_update
 from transformer.training.validation import valid_metrics
 
 
@@ -183,7 +183,7 @@ class Trainer:
                     if self.state.bad_in_a_row >= t.max_bad_steps:
                         return "non_finite"
                     if out is not None and self.state.step % t.log_every == 0:
-                        self._log(out[0], out[1])
+                        self._log(out)
                     self._forecast()
                     early_stop = False
                     if self.state.step % t.eval_every == 0:
@@ -214,7 +214,7 @@ class Trainer:
 
         yield from ahead(collated, range(self.state.batch_in_epoch, len(batches), size), t.prefetch)
 
-    def _count(self, out: tuple[float, float, int] | None, batch_in_epoch: int) -> None:
+    def _count(self, out: Updated | None, batch_in_epoch: int) -> None:
         """Book an update: where the data stands, the step, the clock, and a finite or a skipped update."""
         s = self.state
         s.batch_in_epoch = batch_in_epoch
@@ -224,24 +224,25 @@ class Trainer:
             s.bad_in_a_row += 1
         else:
             s.bad_in_a_row = 0
-            s.last_finite_loss = out[0]
-            s.target_tokens += out[2]
-        self.meter.tick(0 if out is None else out[2])
+            s.last_finite_loss = out.loss
+            s.target_tokens += out.tokens
+        self.meter.tick(0 if out is None else out.tokens)
         self.bar.update(1)
 
-    def _log(self, loss: float, nll: float) -> None:
+    def _log(self, out: Updated) -> None:
         """A log line of the update, with the throughput of the updates since the last one."""
         tps = self.meter.throughput()
         lr = self.optimizer.param_groups[0]["lr"]
-        self.bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}")
+        self.bar.set_postfix(loss=f"{out.loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}")
         self._record(
             {
                 "step": self.state.step,
                 "kind": "train",
-                "loss": loss,
-                "nll": nll,
-                "ppl": math.exp(min(nll, 50.0)),
+                "loss": out.loss,
+                "nll": out.nll,
+                "ppl": math.exp(min(out.nll, 50.0)),
                 "lr": lr,
+                "grad_norm": out.grad_norm,
                 "target_tokens_per_s": tps,
                 "skipped_steps": self.state.skipped_steps,
                 "elapsed_s": self.state.elapsed,
