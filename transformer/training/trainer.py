@@ -3,7 +3,8 @@
 One optimizer update (transformer.training.update) = ``train.accumulate`` token-sized micro-batches, the
 loss normalised by the update's non-pad target tokens. Validation (transformer.training.validation) runs
 every ``eval_every`` updates; the best BLEU is kept in ``<run>/best``, the last ``keep_last``
-resumable checkpoints in ``<run>/checkpoints/step_N``. SIGINT or SIGTERM finishes the current
+resumable checkpoints in ``<run>/checkpoints/step_N``. Log records go to ``log.jsonl``
+(transformer.training.run_log). SIGINT or SIGTERM finishes the current
 update, saves a resumable checkpoint and stops (transformer.training.signals). Preparing or resuming the run
 directory is transformer.training.run_dir's; what a checkpoint holds of the trainer, transformer.training.train_state's.
 
@@ -14,13 +15,12 @@ Under torchrun each of W processes runs ``accumulate`` of an update's ``accumula
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 from tqdm import tqdm
@@ -36,6 +36,7 @@ from transformer.training import distributed, run_dir, train_data, train_state
 from transformer.training.forecast import forecast
 from transformer.training.meter import Meter
 from transformer.training.prefetch import ahead
+from transformer.training.run_log import open_run_log
 from transformer.training.schedule import make_optimizer
 from transformer.training.signals import StopSignals
 from transformer.training.train_state import TrainState
@@ -135,7 +136,8 @@ class Trainer:
         self.log(f"model: {n_params:,} parameters on {self.device} in {cfg.precision}")
         if self.signals.signum is not None:
             return self._stopped_in_set_up()
-        return self._loop()
+        with open_run_log(self.run_dir) as self.run_log:
+            return self._loop()
 
     def _stopped_in_set_up(self) -> Result:
         """A signal before the first update: nothing new to save; a plain rerun starts afresh (run_dir.prepare)."""
@@ -230,11 +232,11 @@ class Trainer:
         self.bar.update(1)
 
     def _log(self, out: Updated) -> None:
-        """A log line of the update, with the throughput of the updates since the last one."""
+        """A log record of the update, with the throughput of the updates since the last one."""
         tps = self.meter.throughput()
         lr = self.optimizer.param_groups[0]["lr"]
         self.bar.set_postfix(loss=f"{out.loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}")
-        self._record(
+        self.run_log.record(
             {
                 "step": self.state.step,
                 "kind": "train",
@@ -276,12 +278,6 @@ class Trainer:
 
     # ----- records, validation, checkpoints ------------------------------------------------------------------
 
-    def _record(self, entry: dict[str, Any]) -> None:
-        if not distributed.is_main():
-            return
-        with open(self.run_dir / "log.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(entry) + "\n")
-
     def _evaluate_and_keep_best(self) -> None:
         """Rank 0 validates and keeps the best; every rank then holds its verdict (for early stopping)."""
         if distributed.is_main():
@@ -294,7 +290,7 @@ class Trainer:
         before = self.state.valid_s
         with self.meter.aside("valid"):
             metrics = valid_metrics(self.model, self.tokenizer, self.cfg, self.device, self.valid, self.valid_enc)
-        self._record(
+        self.run_log.record(
             {
                 "step": self.state.step,
                 "kind": "valid",
@@ -359,7 +355,7 @@ class Trainer:
         """Where the run's time went, so that a user sees whether validation or checkpoints eat the budget."""
         s, split = self.state, self.meter.split()
         total = split["seconds"]
-        self._record({"step": s.step, "kind": "end", "reason": reason, "from_step": s.split_from_step, **split})
+        self.run_log.record({"step": s.step, "kind": "end", "reason": reason, "from_step": s.split_from_step, **split})
         share = [
             f"{name} {split[key] / 60:.1f} min ({100 * split[key] / max(total, 1e-9):.0f}%)"
             for name, key in (("training", "train_s"), ("validation", "valid_s"), ("checkpoints", "save_s"))
