@@ -16,7 +16,7 @@ def _lines(path):
 
 def test_log_jsonl_holds_each_record_as_soon_as_it_is_written(tmp_path):
     (tmp_path / run_log.LOG).write_text(json.dumps({"step": 0, "kind": "end"}) + "\n")  # an earlier run's
-    with open_run_log(tmp_path) as log:
+    with open_run_log(tmp_path, tensorboard=False, first_step=2, config_yaml="") as log:
         for n, entry in enumerate(RECORDS, start=2):
             log.record(entry)
             assert len(_lines(tmp_path / run_log.LOG)) == n  # read while the log is open, as a kill -9 would leave it
@@ -48,6 +48,6 @@ def test_every_sink_gets_every_record_and_is_closed_however_the_block_ends():
 
 def test_only_rank_0_writes(tmp_path, monkeypatch):
     monkeypatch.setattr(distributed, "is_main", lambda: False)
-    with open_run_log(tmp_path) as log:
+    with open_run_log(tmp_path, tensorboard=True, first_step=1, config_yaml="name: run\n") as log:
         log.record(RECORDS[0])
     assert list(tmp_path.iterdir()) == []

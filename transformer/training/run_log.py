@@ -1,8 +1,8 @@
-"""The one route of a run's log records: each goes to every sink (log.jsonl), from rank 0 only.
+"""The one route of a run's log records: each goes to log.jsonl and, when on, to TensorBoard, from rank 0 only.
 
 A record is a dict with ``step`` and ``kind`` (``train``, ``valid`` or ``end``). Every sink gets every record,
-in order, and writes it through before the next: sinks cannot disagree, and an interrupted run leaves
-each complete up to its last record. log.jsonl is appended to, so a resumed run goes on in the same file
+in order, and writes it through before the next: the two logs cannot disagree, and an interrupted run leaves
+both complete up to its last record. log.jsonl is appended to, so a resumed run goes on in the same file
 (a reader keeps a repeated step's last record, as ``transformer.plots.read_log`` does).
 """
 
@@ -14,6 +14,7 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from transformer.training import distributed
+from transformer.training.tensorboard_log import TensorBoardLog
 
 LOG = "log.jsonl"
 
@@ -60,8 +61,11 @@ class RunLog:
             sink.close()
 
 
-def open_run_log(run_dir: Path) -> RunLog:
-    """Rank 0's log of the run in ``run_dir`` (the other ranks' writes nowhere)."""
+def open_run_log(run_dir: Path, tensorboard: bool, first_step: int, config_yaml: str) -> RunLog:
+    """Rank 0's log of the run in ``run_dir`` from update ``first_step`` on (the other ranks' writes nowhere)."""
     if not distributed.is_main():
         return RunLog([])
-    return RunLog([JsonLines(run_dir / LOG)])
+    sinks: list[Sink] = [JsonLines(run_dir / LOG)]
+    if tensorboard:
+        sinks.append(TensorBoardLog(run_dir, first_step, config_yaml))
+    return RunLog(sinks)

@@ -3,7 +3,7 @@
 One optimizer update (transformer.training.update) = ``train.accumulate`` token-sized micro-batches, the
 loss normalised by the update's non-pad target tokens. Validation (transformer.training.validation) runs
 every ``eval_every`` updates; the best BLEU is kept in ``<run>/best``, the last ``keep_last``
-resumable checkpoints in ``<run>/checkpoints/step_N``. Log records go to ``log.jsonl``
+resumable checkpoints in ``<run>/checkpoints/step_N``. Log records go to ``log.jsonl`` and, when on, TensorBoard
 (transformer.training.run_log). SIGINT or SIGTERM finishes the current
 update, saves a resumable checkpoint and stops (transformer.training.signals). Preparing or resuming the run
 directory is transformer.training.run_dir's; what a checkpoint holds of the trainer, transformer.training.train_state's.
@@ -32,7 +32,7 @@ from transformer.errors import ConfigError
 from transformer.model.transformer import build_model
 from transformer.text.batching import make_batches
 from transformer.text.tokenizer import Tokenizer
-from transformer.training import distributed, run_dir, train_data, train_state
+from transformer.training import distributed, run_dir, tensorboard_log, train_data, train_state
 from transformer.training.forecast import forecast
 from transformer.training.meter import Meter
 from transformer.training.prefetch import ahead
@@ -75,6 +75,7 @@ class Trainer:
         self.cfg = replace(cfg, precision=resolve_precision(cfg.precision, self.device))
         check_precision(self.cfg.precision, self.device)
         check_gpu_switches(self.cfg.train, self.cfg.precision, self.device)
+        self.tensorboard = tensorboard_log.wanted(cfg.train.tensorboard)
         self.state = TrainState()
 
     def run(self) -> Result:
@@ -125,8 +126,9 @@ class Trainer:
         self.optimizer = make_optimizer(self.model, t, self.device)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=PRECISIONS[cfg.precision].loss_scaling)
         self.update = Updater(cfg, self.device, self.model, ddp, self.optimizer, self.scaler)
+        config_yaml = dump(cfg)
         if distributed.is_main():
-            (self.run_dir / checkpoint.CONFIG).write_text(dump(cfg), encoding="utf-8")
+            (self.run_dir / checkpoint.CONFIG).write_text(config_yaml, encoding="utf-8")
         if resume_from is not None:
             self._restore(resume_from)
             if self.state.step >= t.max_steps:
@@ -136,7 +138,10 @@ class Trainer:
         self.log(f"model: {n_params:,} parameters on {self.device} in {cfg.precision}")
         if self.signals.signum is not None:
             return self._stopped_in_set_up()
-        with open_run_log(self.run_dir) as self.run_log:
+        if self.tensorboard:
+            events = self.run_dir / tensorboard_log.FOLDER
+            self.log(f"TensorBoard events in {events} (to see them: tensorboard --logdir {cfg.run_dir})")
+        with open_run_log(self.run_dir, self.tensorboard, self.state.step + 1, config_yaml) as self.run_log:
             return self._loop()
 
     def _stopped_in_set_up(self) -> Result:
