@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from events import INSTALLED, assert_events_match_log
 from tiny import ROOT, run_trainer, tiny_config
 
 from transformer import checkpoint, config
@@ -26,6 +27,7 @@ from transformer.text.batching import collate, encode_corpus, make_batches
 from transformer.text.corpus import load_split
 from transformer.text.tokenizer import train_tokenizer
 from transformer.training import distributed
+from transformer.training.tensorboard_log import FOLDER
 
 STEPS = 8  # 6 updates per epoch at batch_tokens 1000: crosses the uneven end of epoch 0
 TRAIN = {"batch_tokens": 1000, "max_steps": STEPS, "eval_every": 4, "save_every": 4, "keep_last": 3}
@@ -99,6 +101,9 @@ def test_two_gloo_ranks_match_one_process_and_resume(tmp_path):
     assert len(_losses(ddp_run)) == STEPS
     np.testing.assert_allclose(_losses(ddp_run), _losses(single_run), rtol=1e-5)
     np.testing.assert_allclose(_losses(ddp_run, "valid_loss"), _losses(single_run, "valid_loss"), rtol=1e-5)
+    if INSTALLED:  # rank 0 alone wrote events: one file per start, each step once
+        assert len(list((ddp_run / FOLDER).iterdir())) == 2
+        assert_events_match_log(ddp_run)
     sentences = list(load_split(single.data, "valid").src[:16])
     final = f"{checkpoint.STEP_PREFIX}{STEPS}"
     assert _translate(ddp_run / "checkpoints" / final, sentences) == _translate(

@@ -9,6 +9,7 @@ from itertools import count
 
 import pytest
 from cli_helpers import Proc, last_step, run_of, train, train_steps
+from events import INSTALLED, assert_events_match_log
 from tiny import assert_resumable, run_trainer, step_of, tiny_config
 
 from transformer import checkpoint
@@ -38,6 +39,8 @@ def test_sigint_and_sigterm_save_a_resumable_checkpoint_and_resume_continues(tmp
     second = _stop_with(again, run, signal.SIGTERM, 143, after_step=k + 2)
     assert f"resumed from {first} at step {k}" in again.stderr
     assert train_steps(run) == list(range(1, step_of(second) + 1))  # no update repeated, none lost
+    if INSTALLED:  # TensorBoard's events, flushed at each stop, hold the same steps once each
+        assert_events_match_log(run)
 
 
 def test_second_sigint_stops_at_once_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
@@ -59,6 +62,8 @@ def test_second_sigint_stops_at_once_and_keeps_the_previous_checkpoint(tmp_path,
     assert "SIGINT: finishing this update" in messages[-2] and "second interrupt: stopping now" in messages[-1]
     assert [p.name for p in checkpoint.step_dirs(cfg.out_dir)] == ["step_2"]  # no save after the second signal
     assert_resumable(cfg.out_dir / "checkpoints" / "step_2", 2)
+    if INSTALLED:  # the events of updates 1 to 3 are on disk, as log.jsonl's are
+        assert_events_match_log(cfg.out_dir)
     assert signal.getsignal(signal.SIGINT) is before
 
 

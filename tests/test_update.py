@@ -17,22 +17,32 @@ from transformer.training.update import Updater, collate_update
 CUDA = torch.cuda.is_available()
 
 
-def _updates(tmp_path, device, count, **train):
-    """Parameters after ``count`` updates (cycling over the first 3 batches) of a dropout-free tiny model, and the
-    losses."""
+def _tiny(tmp_path, **train):
+    """A dropout-free tiny fp32 config, its tokenizer, the encoded sample corpus and its first epoch's batches."""
     cfg = tiny_config(tmp_path, model={"dropout": 0.0}, train={"batch_tokens": 200, **train})
     cfg = replace(cfg, precision="fp32")
     corpus = load_split(cfg.data, cfg.data.train_split)
     tok = train_tokenizer(cfg.tokenizer, corpus)
     data = encode_corpus(corpus, tok, cfg.data.max_len, tmp_path / "cache")
     order = make_batches(data, cfg.train.batch_tokens, cfg.seed, 0, pad_multiple=cfg.train.pad_multiple)
+    return cfg, tok, data, order
+
+
+def _updater(cfg, tok, device):
+    """An Updater of a fresh tiny model, seeded: the same initial weights every time."""
     torch.manual_seed(0)
     model = build_model(cfg.model, tok.vocab_size, tok.pad_id).to(device).train()
     opt = make_optimizer(model, cfg.train, device)
-    scaler = torch.amp.GradScaler(device.type, enabled=False)
-    step = Updater(cfg, device, model, model, opt, scaler)
-    losses = [step(collate_update([order[r % 3]], data, tok, cfg), r + 1)[0] for r in range(count)]
-    return [p.detach().cpu() for p in model.parameters()], losses, step
+    return Updater(cfg, device, model, model, opt, torch.amp.GradScaler(device.type, enabled=False))
+
+
+def _updates(tmp_path, device, count, **train):
+    """Parameters after ``count`` updates (cycling over the first 3 batches) of a dropout-free tiny model, and the
+    losses."""
+    cfg, tok, data, order = _tiny(tmp_path, **train)
+    step = _updater(cfg, tok, device)
+    losses = [step(collate_update([order[r % 3]], data, tok, cfg), r + 1).loss for r in range(count)]
+    return [p.detach().cpu() for p in step.model.parameters()], losses, step
 
 
 def _assert_same(a, b, tol):
@@ -64,3 +74,16 @@ def test_cuda_graphs_replay_the_eager_update(tmp_path):
     graphed = _updates(tmp_path / "graphs", gpu, 9, static_shapes=True, cuda_graphs=True)
     assert len(graphed[2].graphs) == 3
     _assert_same(eager, graphed, 1e-4)
+
+
+def test_an_update_reports_the_gradient_norm_before_clipping(tmp_path):
+    """The reported norm is the whole gradient's, as computed apart here, though clipping cut it to 1e-3."""
+    cpu = torch.device("cpu")
+    cfg, tok, data, order = _tiny(tmp_path, clip_norm=1e-3)
+    work = collate_update([order[0]], data, tok, cfg)
+    same = _updater(cfg, tok, cpu)  # the same initial weights, for the gradient by hand
+    loss, _ = same.micro_loss(work.batches[0][0], work.total)
+    loss.backward()
+    norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in same.model.parameters()]))
+    out = _updater(cfg, tok, cpu)(work, 1)
+    assert out.grad_norm == pytest.approx(float(norm), rel=1e-5) and out.grad_norm > 1e-2

@@ -101,6 +101,7 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model's forward and backward in training (CUDA only)
     cuda_graphs: bool = False  # replay each batch shape's forward and backward as a CUDA graph (needs static_shapes)
     prefetch: int = 0  # updates collated ahead in a background thread (0: none)
+    tensorboard: bool | None = None  # TensorBoard events beside log.jsonl (null: if tensorboard is installed)
 
 
 @dataclass

@@ -33,9 +33,10 @@ from transformer.files import clean_partial
 
 # Config sections that fix what a checkpoint's weights and tokenizer mean; resume refuses changes here.
 FROZEN_SECTIONS = ("model", "tokenizer")
-# What tfm writes in a run directory: its files, checkpoint folders, averages, the learning-curve picture, and the
-# temporary names of an atomic write (``.NAME.tmp-PID``, ``.NAME.old-PID``, ``.NAME.<random>``).
-_OWN = r"(config\.yaml|tokenizer\.json|log\.jsonl|split\.json|training\.png|checkpoints|best|avg\d+)"
+# What tfm writes in a run directory: its files, checkpoint folders, averages, the learning-curve picture, the
+# TensorBoard events' folder, and the temporary names of an atomic write (``.NAME.tmp-PID``, ``.NAME.old-PID``,
+# ``.NAME.<random>``).
+_OWN = r"(config\.yaml|tokenizer\.json|log\.jsonl|split\.json|training\.png|checkpoints|best|avg\d+|tensorboard)"
 TFM_NAMES = re.compile(rf"{_OWN}|\.{_OWN}\.(tmp-\d+|old-\d+|\w{{8}})")
 LOCK = ".lock"  # the file ``locked`` holds; it stays when a run starts again
 

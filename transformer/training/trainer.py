@@ -3,7 +3,8 @@
 One optimizer update (transformer.training.update) = ``train.accumulate`` token-sized micro-batches, the
 loss normalised by the update's non-pad target tokens. Validation (transformer.training.validation) runs
 every ``eval_every`` updates; the best BLEU is kept in ``<run>/best``, the last ``keep_last``
-resumable checkpoints in ``<run>/checkpoints/step_N``. SIGINT or SIGTERM finishes the current
+resumable checkpoints in ``<run>/checkpoints/step_N``. Log records go to ``log.jsonl`` and, when on, TensorBoard
+(transformer.training.run_log). SIGINT or SIGTERM finishes the current
 update, saves a resumable checkpoint and stops (transformer.training.signals). Preparing or resuming the run
 directory is transformer.training.run_dir's; what a checkpoint holds of the trainer, transformer.training.train_state's.
 
@@ -14,13 +15,12 @@ Under torchrun each of W processes runs ``accumulate`` of an update's ``accumula
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 from tqdm import tqdm
@@ -32,14 +32,15 @@ from transformer.errors import ConfigError
 from transformer.model.transformer import build_model
 from transformer.text.batching import make_batches
 from transformer.text.tokenizer import Tokenizer
-from transformer.training import distributed, run_dir, train_data, train_state
+from transformer.training import distributed, run_dir, tensorboard_log, train_data, train_state
 from transformer.training.forecast import forecast
 from transformer.training.meter import Meter
 from transformer.training.prefetch import ahead
+from transformer.training.run_log import open_run_log
 from transformer.training.schedule import make_optimizer
 from transformer.training.signals import StopSignals
 from transformer.training.train_state import TrainState
-from transformer.training.update import UpdateBatches, Updater, collate_update
+from transformer.training.update import UpdateBatches, Updated, Updater, collate_update
 from transformer.training.validation import valid_metrics
 
 
@@ -74,6 +75,7 @@ class Trainer:
         self.cfg = replace(cfg, precision=resolve_precision(cfg.precision, self.device))
         check_precision(self.cfg.precision, self.device)
         check_gpu_switches(self.cfg.train, self.cfg.precision, self.device)
+        self.tensorboard = tensorboard_log.wanted(cfg.train.tensorboard)
         self.state = TrainState()
 
     def run(self) -> Result:
@@ -124,8 +126,9 @@ class Trainer:
         self.optimizer = make_optimizer(self.model, t, self.device)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=PRECISIONS[cfg.precision].loss_scaling)
         self.update = Updater(cfg, self.device, self.model, ddp, self.optimizer, self.scaler)
+        config_yaml = dump(cfg)
         if distributed.is_main():
-            (self.run_dir / checkpoint.CONFIG).write_text(dump(cfg), encoding="utf-8")
+            (self.run_dir / checkpoint.CONFIG).write_text(config_yaml, encoding="utf-8")
         if resume_from is not None:
             self._restore(resume_from)
             if self.state.step >= t.max_steps:
@@ -135,7 +138,11 @@ class Trainer:
         self.log(f"model: {n_params:,} parameters on {self.device} in {cfg.precision}")
         if self.signals.signum is not None:
             return self._stopped_in_set_up()
-        return self._loop()
+        if self.tensorboard:
+            events = self.run_dir / tensorboard_log.FOLDER
+            self.log(f"TensorBoard events in {events} (to see them: tensorboard --logdir {cfg.run_dir})")
+        with open_run_log(self.run_dir, self.tensorboard, self.state.step + 1, config_yaml) as self.run_log:
+            return self._loop()
 
     def _stopped_in_set_up(self) -> Result:
         """A signal before the first update: nothing new to save; a plain rerun starts afresh (run_dir.prepare)."""
@@ -183,7 +190,7 @@ class Trainer:
                     if self.state.bad_in_a_row >= t.max_bad_steps:
                         return "non_finite"
                     if out is not None and self.state.step % t.log_every == 0:
-                        self._log(out[0], out[1])
+                        self._log(out)
                     self._forecast()
                     early_stop = False
                     if self.state.step % t.eval_every == 0:
@@ -214,7 +221,7 @@ class Trainer:
 
         yield from ahead(collated, range(self.state.batch_in_epoch, len(batches), size), t.prefetch)
 
-    def _count(self, out: tuple[float, float, int] | None, batch_in_epoch: int) -> None:
+    def _count(self, out: Updated | None, batch_in_epoch: int) -> None:
         """Book an update: where the data stands, the step, the clock, and a finite or a skipped update."""
         s = self.state
         s.batch_in_epoch = batch_in_epoch
@@ -224,24 +231,25 @@ class Trainer:
             s.bad_in_a_row += 1
         else:
             s.bad_in_a_row = 0
-            s.last_finite_loss = out[0]
-            s.target_tokens += out[2]
-        self.meter.tick(0 if out is None else out[2])
+            s.last_finite_loss = out.loss
+            s.target_tokens += out.tokens
+        self.meter.tick(0 if out is None else out.tokens)
         self.bar.update(1)
 
-    def _log(self, loss: float, nll: float) -> None:
-        """A log line of the update, with the throughput of the updates since the last one."""
+    def _log(self, out: Updated) -> None:
+        """A log record of the update, with the throughput of the updates since the last one."""
         tps = self.meter.throughput()
         lr = self.optimizer.param_groups[0]["lr"]
-        self.bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}")
-        self._record(
+        self.bar.set_postfix(loss=f"{out.loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}")
+        self.run_log.record(
             {
                 "step": self.state.step,
                 "kind": "train",
-                "loss": loss,
-                "nll": nll,
-                "ppl": math.exp(min(nll, 50.0)),
+                "loss": out.loss,
+                "nll": out.nll,
+                "ppl": math.exp(min(out.nll, 50.0)),
                 "lr": lr,
+                "grad_norm": out.grad_norm,
                 "target_tokens_per_s": tps,
                 "skipped_steps": self.state.skipped_steps,
                 "elapsed_s": self.state.elapsed,
@@ -275,12 +283,6 @@ class Trainer:
 
     # ----- records, validation, checkpoints ------------------------------------------------------------------
 
-    def _record(self, entry: dict[str, Any]) -> None:
-        if not distributed.is_main():
-            return
-        with open(self.run_dir / "log.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(entry) + "\n")
-
     def _evaluate_and_keep_best(self) -> None:
         """Rank 0 validates and keeps the best; every rank then holds its verdict (for early stopping)."""
         if distributed.is_main():
@@ -293,7 +295,7 @@ class Trainer:
         before = self.state.valid_s
         with self.meter.aside("valid"):
             metrics = valid_metrics(self.model, self.tokenizer, self.cfg, self.device, self.valid, self.valid_enc)
-        self._record(
+        self.run_log.record(
             {
                 "step": self.state.step,
                 "kind": "valid",
@@ -358,7 +360,7 @@ class Trainer:
         """Where the run's time went, so that a user sees whether validation or checkpoints eat the budget."""
         s, split = self.state, self.meter.split()
         total = split["seconds"]
-        self._record({"step": s.step, "kind": "end", "reason": reason, "from_step": s.split_from_step, **split})
+        self.run_log.record({"step": s.step, "kind": "end", "reason": reason, "from_step": s.split_from_step, **split})
         share = [
             f"{name} {split[key] / 60:.1f} min ({100 * split[key] / max(total, 1e-9):.0f}%)"
             for name, key in (("training", "train_s"), ("validation", "valid_s"), ("checkpoints", "save_s"))

@@ -12,6 +12,7 @@ forward, loss and backward replayed as a CUDA graph, transformer.training.cuda_g
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -49,6 +50,16 @@ def collate_update(
         b = collate(data, idx, tokenizer, t.pad_multiple, static)
         batches.append((b.pin_memory() if pin else b, weight))
     return UpdateBatches(batches, distributed.target_tokens(data.tgt_lengths, micro))
+
+
+class Updated(NamedTuple):
+    """What a finite update reports: its loss and nll per target token, its target tokens (every rank's) and the
+    gradient norm before clipping."""
+
+    loss: float
+    nll: float
+    tokens: int
+    grad_norm: float
 
 
 class Updater:
@@ -89,9 +100,8 @@ class Updater:
         loss.backward()
         return loss.detach(), nll.detach()
 
-    def __call__(self, work: UpdateBatches, step: int) -> tuple[float, float, int] | None:
-        """Update ``step`` (from 1) over one update's batches: (loss, nll per token, target tokens), or None if
-        skipped."""
+    def __call__(self, work: UpdateBatches, step: int) -> Updated | None:
+        """Update ``step`` (from 1) over one update's batches; None if it was skipped (non-finite)."""
         world, total = distributed.world_size(), work.total
         sums = torch.zeros(2, device=self.device)  # this rank's share of the update's loss and nll
         for k, (b, weight) in enumerate(work.batches):
@@ -111,10 +121,11 @@ class Updater:
         lr = learning_rate(step, self.cfg.train, self.cfg.model.d_model)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        # The update's one host sync, a copy of three numbers: skipping a non-finite update and counting
-        # bad ones need the verdict on the host, and the loss values come along, so nothing else waits.
+        # The update's one host sync, a copy of four numbers: skipping a non-finite update and counting
+        # bad ones need the verdict on the host, and the logged values come along, so nothing else waits.
         ok = torch.isfinite(grad_norm) & torch.isfinite(loss_total)
-        loss_value, nll_value, finite = torch.stack([loss_total.float(), nll_total.float(), ok.float()]).tolist()
+        host = torch.stack([loss_total.float(), nll_total.float(), grad_norm.float(), ok.float()]).tolist()
+        loss_value, nll_value, norm_value, finite = host
         if finite:
             self.scaler.step(self.optimizer)
         self.scaler.update()
@@ -122,4 +133,4 @@ class Updater:
         self.optimizer.zero_grad(set_to_none=self.graphs is None)
         if not finite:
             return None
-        return loss_value, nll_value / total, total
+        return Updated(loss_value, nll_value / total, total, norm_value)
