@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -68,6 +69,8 @@ def test_tokenizer_encodes_and_decodes_as_tfm(saved, tmp_path):
         assert ids == tok.encode(line) + [tok.end_id]  # a literal "<END>" in the text stays text
         assert tokenizer.decode(ids, skip_special_tokens=True) == tok.decode(ids)
     assert (tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id) == (0, 2, 1)
+    settings = json.loads((out / "tokenizer_config.json").read_text())
+    assert settings["tokenizer_class"] == "PreTrainedTokenizerFast"  # the name transformers 4 loads too
 
 
 def test_greedy_and_beam_search_give_tfms_tokens(tiny_run, tmp_path):

@@ -11,6 +11,7 @@ written with ``transformers`` itself (``pip install transformers``) and loads wi
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -158,6 +159,14 @@ def fast_tokenizer(tok: Tokenizer):  # -> transformers.PreTrainedTokenizerFast
     )
 
 
+def _name_tokenizer_class(path: Path) -> None:
+    """Name the tokenizer class as transformers 4 knows it (5 writes its new name, which 4 cannot load, and reads
+    the old one as an alias)."""
+    settings = json.loads(path.read_text(encoding="utf-8"))
+    settings["tokenizer_class"] = "PreTrainedTokenizerFast"
+    path.write_text(json.dumps(settings, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
 def write_hf(loaded: Loaded, folder: Path) -> None:
     """Write config.json, model.safetensors, generation_config.json, the tokenizer and README.md into ``folder``
     (a model that ``check_exportable`` accepts)."""
@@ -180,4 +189,5 @@ def write_hf(loaded: Loaded, folder: Path) -> None:
     marian.generation_config = GenerationConfig(**generation_defaults(cfg, tok))
     marian.save_pretrained(folder)
     fast_tokenizer(tok).save_pretrained(folder)
+    _name_tokenizer_class(folder / "tokenizer_config.json")
     (folder / "README.md").write_text(model_card(loaded), encoding="utf-8")
