@@ -6,7 +6,8 @@ same source ids in fp32 on the CPU:
 - greedy: tfm's ``greedy_search`` against ``generate(num_beams=1)``;
 - beam, same ranking: tfm with alpha 0 against ``generate(num_beams=k, length_penalty=0)``;
 - beam, each with its own length penalty: tfm's GNMT alpha from the config against transformers'
-  ``length_penalty`` of the exported generation_config (the two definitions differ; BLEU of each is reported).
+  ``length_penalty`` of the exported generation_config, or each ``--length-penalty`` given (the two definitions
+  differ; BLEU of each is reported).
 A line where the two disagree is explained by the first step they part: a near-tie (the two tokens' log-probs
 under tfm within ``--tie`` of each other), or tfm's length limit (a * src_len + b, which transformers cannot
 express), or else it is counted as unexplained.
@@ -118,6 +119,12 @@ def main() -> None:
     ap.add_argument("--split", default=None, help="default: the config's test split")
     ap.add_argument("--beam", type=int, default=5)
     ap.add_argument("--tie", type=float, default=1e-4, help="log-prob gap under which two tokens are a near-tie")
+    ap.add_argument(
+        "--length-penalty",
+        type=float,
+        action="append",
+        help="transformers' length_penalty set against tfm's alpha (repeatable; default: the exported one)",
+    )
     ap.add_argument("--quick", action="store_true", help="20 lines, greedy and one beam comparison (CI)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
@@ -145,9 +152,14 @@ def main() -> None:
         f"beam{args.beam}_alpha0": ((args.beam, 0.0), dict(num_beams=args.beam, length_penalty=0.0, **limit)),
     }
     if not args.quick:  # the exported generation_config's length penalty against the config's alpha
-        hf_beam = dict(num_beams=args.beam, length_penalty=marian.generation_config.length_penalty, **limit)
-        runs[f"beam{args.beam}_own_penalties"] = ((args.beam, cfg.decode.alpha), hf_beam)
-    options = [f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v not in (None, False, True)]
+        for lp in args.length_penalty or [marian.generation_config.length_penalty]:
+            hf_beam = dict(num_beams=args.beam, length_penalty=lp, **limit)
+            runs[f"beam{args.beam}_alpha{cfg.decode.alpha:g}_vs_length_penalty{lp:g}"] = (
+                (args.beam, cfg.decode.alpha),
+                hf_beam,
+            )
+    given = [(k, x) for k, v in vars(args).items() for x in (v if isinstance(v, list) else [v])]
+    options = [f"--{k.replace('_', '-')} {v}" for k, v in given if not (v is None or isinstance(v, bool))]
     result = {
         "date": date.today().isoformat(),
         "machine": machine(),
