@@ -146,7 +146,7 @@ def main() -> None:
         marian = MarianMTModel.from_pretrained(folder).eval()
     src_ids = [tok.encode(s) for s in sources]
     same_ids = sum(hf_tok(s).input_ids == ids + [tok.end_id] for s, ids in zip(sources, src_ids))
-    limit = dict(max_length=cfg.model.max_positions)
+    limit = dict(max_new_tokens=marian.generation_config.max_new_tokens)  # the export's own cap
     runs = {
         "greedy": ((1, 0.0), dict(num_beams=1, **limit)),
         f"beam{args.beam}_alpha0": ((args.beam, 0.0), dict(num_beams=args.beam, length_penalty=0.0, **limit)),

@@ -73,6 +73,16 @@ def test_tokenizer_encodes_and_decodes_as_tfm(saved, tmp_path):
     assert settings["tokenizer_class"] == "PreTrainedTokenizerFast"  # the name transformers 4 loads too
 
 
+def test_generation_config_carries_tfms_decoding_defaults(saved, tmp_path):
+    out = export(saved, tmp_path / "hf", fmt="hf")
+    cfg = checkpoint.read_config(saved)
+    gen = transformers.GenerationConfig.from_pretrained(out)
+    assert (gen.num_beams, gen.decoder_start_token_id, gen.eos_token_id, gen.pad_token_id) == (cfg.decode.beam, 1, 2, 0)
+    assert gen.suppress_tokens == [0, 1]  # <PAD> and <START> are never generated
+    rule = int(cfg.decode.max_len_a * cfg.data.max_len + cfg.decode.max_len_b) + 1  # tfm's, at the longest source
+    assert gen.max_new_tokens == min(rule, cfg.model.max_positions - 1)
+
+
 def test_greedy_and_beam_search_give_tfms_tokens(tiny_run, tmp_path):
     """Greedy, and beam search where the two length penalties agree (tfm's alpha 0, transformers' 0)."""
     out = export(tiny_run.run_dir / "best", tmp_path / "hf", fmt="hf")

@@ -118,8 +118,11 @@ def marian_config(cfg: Config, tok: Tokenizer) -> dict:
 
 
 def generation_defaults(cfg: Config, tok: Tokenizer) -> dict:
-    """GenerationConfig arguments: tfm's beam, <PAD> and <START> never generated, the position table as the limit.
+    """GenerationConfig arguments: tfm's beam, <PAD> and <START> never generated, and a length limit.
 
+    tfm stops a translation at max_len_a * source length + max_len_b tokens; transformers knows no limit that
+    depends on the source, so the export caps every output at that rule for the longest training source
+    (data.max_len), which keeps a model that repeats itself from running on to the position table's end.
     tfm's length penalty is GNMT's ((5 + len) / 6) ** alpha, which transformers cannot express (it divides by
     len ** length_penalty); 1.0 is its usual setting. With alpha 0 in tfm and length_penalty 0 here, the two
     beam searches rank by the same score.
@@ -128,7 +131,9 @@ def generation_defaults(cfg: Config, tok: Tokenizer) -> dict:
         num_beams=cfg.decode.beam,
         length_penalty=1.0,
         early_stopping=True,
-        max_length=cfg.model.max_positions,
+        max_new_tokens=min(
+            int(cfg.decode.max_len_a * cfg.data.max_len + cfg.decode.max_len_b) + 1, cfg.model.max_positions - 1
+        ),
         suppress_tokens=[tok.pad_id, tok.start_id],
         bos_token_id=tok.start_id,
         eos_token_id=tok.end_id,
