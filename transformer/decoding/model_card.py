@@ -82,8 +82,9 @@ def model_card(loaded: Loaded) -> str:
         "",
         f"Beam search uses {cfg.decode.beam} beams. tfm normalises a hypothesis's log-probability by GNMT's "
         f"((5 + length) / 6) ** alpha (alpha {cfg.decode.alpha:g} in this model's config); transformers divides "
-        "by length ** length_penalty, so beam results can differ; greedy search (`num_beams=1`) and beam search "
-        "with tfm's alpha 0 against `length_penalty=0` rank the same.",
+        f"by length ** length_penalty, so `generation_config.json` sets length_penalty "
+        f"{round(2 * cfg.decode.alpha / 3, 4):g} (2/3 alpha: the two grow alike at 10-token outputs) and beam "
+        "results can differ on a few lines. Greedy search (`num_beams=1`) gives tfm's tokens.",
         "",
         "## Scores",
         "",
