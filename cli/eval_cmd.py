@@ -8,7 +8,7 @@ import shlex
 from pathlib import Path
 
 from cli.exits import fail
-from cli.guards import check_alpha, check_beam, check_folder, check_input, decode_settings, write_failed
+from cli.guards import check_beam, check_folder, check_input, decode_settings, write_failed
 
 
 def _read(path: Path) -> list[str]:
@@ -86,7 +86,6 @@ def run_eval(
     from transformer.device import check_precision, resolve_device
     from transformer.text.corpus import load_split
 
-    check_alpha(alpha)
     dev = resolve_device(device)
     check_precision(precision, dev)
     path = checkpoint or ckpt.newest(runs)

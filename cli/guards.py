@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import stat
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import typer
 
 from cli.exits import fail
-from transformer.config import DecodeConfig, check_decode
+from transformer.config import DecodeConfig, check_decode, out_of_range
 
 
 def same_file(a: Path, b: Path) -> bool:
@@ -94,12 +93,6 @@ def check_beam(beam: int | None, vocab_size: int) -> None:
         fail(f"--beam {beam} is larger than the model's vocabulary ({vocab_size:,} tokens); use at most {vocab_size}")
 
 
-def check_alpha(alpha: float | None) -> None:
-    """A finite length penalty of 0 or more: nan or inf would make every beam hypothesis score alike."""
-    if alpha is not None and not (math.isfinite(alpha) and alpha >= 0):
-        fail(f"--alpha {alpha} is not a number of 0 or more; give e.g. --alpha 0.6 (0 turns the penalty off)")
-
-
 def write_failed(path: Path | str, e: OSError) -> None:
     """One line for an output that could not be written (a full disk, a closed pipe, a read-only file system)."""
     fail(f"cannot write {path}: {e.strerror or e}; free some space or write elsewhere")
@@ -111,9 +104,21 @@ def decode_settings(decode: DecodeConfig, **given: Any) -> DecodeConfig:
     return check_decode(dataclasses.replace(decode, **{k: v for k, v in given.items() if v is not None}))
 
 
+def within(key: str) -> Callable[[typer.CallbackParam, Any], Any]:
+    """A callback that holds a flag to the range ``config.RANGES`` declares for ``key`` (``--beam`` to
+    ``decode.beam``'s): the one range a config file's value meets too, refused in tfm's one line."""
+
+    def check(param: typer.CallbackParam, value: Any) -> Any:
+        if value is not None and (want := out_of_range(key, value)) is not None:
+            fail(f"{param.opts[0]} {value} is out of range; it must be {want}")
+        return value
+
+    return check
+
+
 def at_least_one(param: typer.CallbackParam, value: int | None) -> int | None:
-    """A count on the command line (--beam, --nbest, --last...): at least 1, refused in tfm's one line rather than
-    Typer's usage box."""
+    """A count on the command line that is no config value (--last, --nproc, --layer): at least 1, refused in tfm's
+    one line rather than Typer's usage box."""
     if value is not None and value < 1:
         fail(f"{param.opts[0]} {value} is out of range; it must be at least 1")
     return value

@@ -14,7 +14,7 @@ from typing import List, Optional
 import typer
 
 from cli.exits import fail, user_errors
-from cli.guards import at_least_one, check_creatable, check_output
+from cli.guards import at_least_one, check_creatable, check_output, within
 from transformer.process import configure_before_torch
 
 configure_before_torch()  # before any command loads torch
@@ -73,13 +73,17 @@ def translate(
     input_: Optional[Path] = typer.Option(None, "--input", "-i", help="File with one sentence per line"),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write translations here (default: stdout)"),
     beam: Optional[int] = typer.Option(
-        None, "--beam", callback=at_least_one, help="Beam size (default: the config's, 4)"
+        None, "--beam", callback=within("decode.beam"), help="Beam size (default: the config's, 4)"
     ),
     greedy: bool = typer.Option(False, "--greedy", help="Greedy search (same as --beam 1)"),
-    alpha: Optional[float] = typer.Option(None, "--alpha", help="Beam length penalty (default: the config's)"),
-    nbest: int = typer.Option(1, "--nbest", callback=at_least_one, help="Print the K best: 'line ||| text ||| score'"),
+    alpha: Optional[float] = typer.Option(
+        None, "--alpha", callback=within("decode.alpha"), help="Beam length penalty (default: the config's)"
+    ),
+    nbest: int = typer.Option(
+        1, "--nbest", callback=within("decode.nbest"), help="Print the K best: 'line ||| text ||| score'"
+    ),
     batch_tokens: Optional[int] = typer.Option(
-        None, "--batch-tokens", "--batch-size", callback=at_least_one, help="Source tokens per batch"
+        None, "--batch-tokens", "--batch-size", callback=within("decode.batch_tokens"), help="Source tokens per batch"
     ),
     device: str = typer.Option("auto", "--device", help="auto|cpu|cuda|cuda:N|mps"),
     precision: str = typer.Option("fp32", "--precision", help="fp32|bf16|fp16"),
@@ -116,9 +120,11 @@ def eval_(
     ref: Optional[Path] = typer.Option(None, "--ref", help="Reference file for --src or --hyp"),
     hyp: Optional[Path] = typer.Option(None, "--hyp", help="Score this hypothesis file against --ref (no model)"),
     beam: Optional[int] = typer.Option(
-        None, "--beam", callback=at_least_one, help="Beam size (default: the config's, 4)"
+        None, "--beam", callback=within("decode.beam"), help="Beam size (default: the config's, 4)"
     ),
-    alpha: Optional[float] = typer.Option(None, "--alpha", help="Beam length penalty (default: the config's)"),
+    alpha: Optional[float] = typer.Option(
+        None, "--alpha", callback=within("decode.alpha"), help="Beam length penalty (default: the config's)"
+    ),
     data_dir: Optional[str] = typer.Option(
         None, "--data-dir", help="Corpus location (overrides the checkpoint's data.path)"
     ),

@@ -10,7 +10,6 @@ from typing import IO, Iterable, Iterator
 
 from cli.exits import fail
 from cli.guards import (
-    check_alpha,
     check_beam,
     check_input,
     check_output,
@@ -79,7 +78,6 @@ def run_translate(
         check_output(output, overwrite, (input_,))
     else:
         check_stdout()
-    check_alpha(alpha)
     dev = resolve_device(device)
     check_precision(precision, dev)
     loaded = ckpt.load(checkpoint or ckpt.newest(runs), dev)

@@ -10,6 +10,8 @@ from tiny import ROOT, SAMPLE
 from typer.testing import CliRunner
 
 from cli.main import app
+from transformer.config import load
+from transformer.errors import ConfigError
 
 
 def tfm(*args: str):
@@ -119,3 +121,26 @@ def test_an_endless_device_is_no_input(tiny_checkpoint, device):
         pytest.skip(f"no {device} here")
     refused(tfm("translate", "--checkpoint", tiny_checkpoint, "--input", device), "a device that never ends")
     refused(tfm("eval", "--hyp", device, "--ref", device), "a device that never ends")
+
+
+@pytest.mark.parametrize(
+    "flag, key, bad, good",
+    [
+        ("--beam", "decode.beam", "0", "1"),
+        ("--nbest", "decode.nbest", "0", "1"),
+        ("--batch-tokens", "decode.batch_tokens", "0", "1"),
+        ("--alpha", "decode.alpha", "-0.5", "0"),
+        ("--alpha", "decode.alpha", "nan", "0.6"),
+    ],
+)
+def test_a_decode_flag_meets_the_range_its_config_key_declares(tmp_path, flag, key, bad, good):
+    """One table of ranges: the value a config file may not hold, the flag may not take, and the other way round."""
+    section, name = key.split(".")
+    config = tmp_path / "c.yaml"
+    config.write_text(f"{section}:\n  {name}: {bad}\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=f"{key}: .* is out of range"):
+        load(config)
+    refused(tfm("translate", "x", flag, bad, "--runs", tmp_path / "none"), f"{flag} {bad} is out of range")
+    config.write_text(f"{section}:\n  {name}: {good}\n", encoding="utf-8")
+    load(config)
+    assert "out of range" not in tfm("translate", "x", flag, good, "--runs", tmp_path / "none").stderr

@@ -125,4 +125,4 @@ def test_alpha_sets_the_length_penalty_of_nbest_scores(tiny_checkpoint):
 @pytest.mark.parametrize("alpha", ["nan", "inf", "-1"])
 def test_a_length_penalty_below_0_or_not_finite_is_one_line(tiny_checkpoint, alpha):
     r = _translate(tiny_checkpoint, SENTENCE, "--alpha", alpha)
-    assert r.exit_code == 2 and "is not a number of 0 or more" in one_error_line(r.stderr)
+    assert r.exit_code == 2 and f"--alpha {alpha} is out of range; it must be 0 or more" in one_error_line(r.stderr)

@@ -142,45 +142,46 @@ class Config:
 
 DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?|mps")  # what device accepts, in a config file as on the command line
 
-_RANGES: list[tuple[str, Any, str]] = [
-    ("seed", lambda v: v >= 0, "0 or more"),
-    ("model.N", lambda v: v >= 1, "at least 1"),
-    ("model.d_model", lambda v: v >= 1, "at least 1"),
-    ("model.d_ff", lambda v: v >= 1, "at least 1"),
-    ("model.h", lambda v: v >= 1, "at least 1"),
-    ("model.dropout", lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
-    ("model.max_positions", lambda v: v >= 8, "at least 8"),
-    ("data.max_len", lambda v: v >= 1, "at least 1"),
-    ("tokenizer.vocab_size", lambda v: v >= 300, "at least 300 (256 bytes + specials)"),
-    ("tokenizer.train_sample", lambda v: v >= 1, "at least 1"),
-    ("train.batch_tokens", lambda v: v >= 1, "at least 1"),
-    ("train.accumulate", lambda v: v >= 1, "at least 1"),
-    ("train.pad_multiple", lambda v: v >= 1, "at least 1"),
-    ("train.label_smoothing", lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
-    ("tokenizer.min_frequency", lambda v: v >= 1, "at least 1"),
-    ("train.lr_factor", lambda v: v > 0, "positive"),
-    ("train.peak_lr", lambda v: v > 0, "positive (or null: the paper's schedule)"),
-    ("train.max_minutes", lambda v: v > 0, "positive (or null: no time limit)"),
-    ("train.eval_sentences", lambda v: v >= 1, "at least 1"),
-    ("train.warmup", lambda v: v >= 1, "at least 1"),
-    ("train.eps", lambda v: v > 0, "positive"),
-    ("train.clip_norm", lambda v: v >= 0, "0 (off) or positive"),
-    ("train.max_steps", lambda v: v >= 1, "at least 1"),
-    ("train.max_epochs", lambda v: v >= 1, "at least 1"),
-    ("train.eval_every", lambda v: v >= 1, "at least 1"),
-    ("train.save_every", lambda v: v >= 1, "at least 1"),
-    ("train.keep_last", lambda v: v >= 1, "at least 1"),
-    ("train.patience", lambda v: v >= 1, "at least 1"),
-    ("train.max_bad_steps", lambda v: v >= 1, "at least 1"),
-    ("train.log_every", lambda v: v >= 1, "at least 1"),
-    ("train.prefetch", lambda v: 0 <= v <= 64, "in [0, 64] (0: off)"),
-    ("decode.beam", lambda v: v >= 1, "at least 1"),
-    ("decode.nbest", lambda v: v >= 1, "at least 1"),
-    ("decode.alpha", lambda v: v >= 0, "0 or more"),
-    ("decode.max_len_a", lambda v: v >= 0, "0 or more"),
-    ("decode.max_len_b", lambda v: v >= 0, "0 or more"),
-    ("decode.batch_tokens", lambda v: v >= 1, "at least 1"),
-]
+# The range of every number a user can set, in a config file or (for decode values) on the command line: one table.
+RANGES: dict[str, tuple[Any, str]] = {
+    "seed": (lambda v: v >= 0, "0 or more"),
+    "model.N": (lambda v: v >= 1, "at least 1"),
+    "model.d_model": (lambda v: v >= 1, "at least 1"),
+    "model.d_ff": (lambda v: v >= 1, "at least 1"),
+    "model.h": (lambda v: v >= 1, "at least 1"),
+    "model.dropout": (lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
+    "model.max_positions": (lambda v: v >= 8, "at least 8"),
+    "data.max_len": (lambda v: v >= 1, "at least 1"),
+    "tokenizer.vocab_size": (lambda v: v >= 300, "at least 300 (256 bytes + specials)"),
+    "tokenizer.train_sample": (lambda v: v >= 1, "at least 1"),
+    "train.batch_tokens": (lambda v: v >= 1, "at least 1"),
+    "train.accumulate": (lambda v: v >= 1, "at least 1"),
+    "train.pad_multiple": (lambda v: v >= 1, "at least 1"),
+    "train.label_smoothing": (lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
+    "tokenizer.min_frequency": (lambda v: v >= 1, "at least 1"),
+    "train.lr_factor": (lambda v: v > 0, "positive"),
+    "train.peak_lr": (lambda v: v > 0, "positive (or null: the paper's schedule)"),
+    "train.max_minutes": (lambda v: v > 0, "positive (or null: no time limit)"),
+    "train.eval_sentences": (lambda v: v >= 1, "at least 1"),
+    "train.warmup": (lambda v: v >= 1, "at least 1"),
+    "train.eps": (lambda v: v > 0, "positive"),
+    "train.clip_norm": (lambda v: v >= 0, "0 (off) or positive"),
+    "train.max_steps": (lambda v: v >= 1, "at least 1"),
+    "train.max_epochs": (lambda v: v >= 1, "at least 1"),
+    "train.eval_every": (lambda v: v >= 1, "at least 1"),
+    "train.save_every": (lambda v: v >= 1, "at least 1"),
+    "train.keep_last": (lambda v: v >= 1, "at least 1"),
+    "train.patience": (lambda v: v >= 1, "at least 1"),
+    "train.max_bad_steps": (lambda v: v >= 1, "at least 1"),
+    "train.log_every": (lambda v: v >= 1, "at least 1"),
+    "train.prefetch": (lambda v: 0 <= v <= 64, "in [0, 64] (0: off)"),
+    "decode.beam": (lambda v: v >= 1, "at least 1"),
+    "decode.nbest": (lambda v: v >= 1, "at least 1"),
+    "decode.alpha": (lambda v: v >= 0, "0 or more"),
+    "decode.max_len_a": (lambda v: v >= 0, "0 or more"),
+    "decode.max_len_b": (lambda v: v >= 0, "0 or more"),
+    "decode.batch_tokens": (lambda v: v >= 1, "at least 1"),
+}
 
 
 # Names users bring from other toolkits, and the keys that mean the same here.
@@ -215,6 +216,14 @@ def _suggest(key: str, names: list[str]) -> list[str]:
 
 
 _PLAIN_NAME = re.compile(r"[\w.-]+")
+
+
+def out_of_range(key: str, value: Any) -> str | None:
+    """What ``key`` must be, if ``value`` is outside its range in RANGES (NaN and infinity always are); else None."""
+    ok, want = RANGES[key]
+    if value is None or (ok(value) and not (isinstance(value, float) and not math.isfinite(value))):
+        return None
+    return want
 
 
 def _get(cfg: Config, dotted: str) -> Any:
@@ -293,9 +302,9 @@ def validate(cfg: Config) -> Config:
     _check_choices(cfg, "")
     if not DEVICE.fullmatch(cfg.device):
         raise ConfigError(f"device: '{cfg.device}' is not one of auto, cpu, cuda, cuda:N, mps")
-    for key, ok, want in _RANGES:
+    for key in RANGES:
         value = _get(cfg, key)
-        if value is not None and (not ok(value) or (isinstance(value, float) and not math.isfinite(value))):
+        if (want := out_of_range(key, value)) is not None:
             raise ConfigError(f"{key}: {value!r} is out of range; it must be {want}")
     if not _PLAIN_NAME.fullmatch(cfg.name) or cfg.name in (".", ".."):
         raise ConfigError(
