@@ -14,6 +14,7 @@ import socket
 import sys
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from cli.exits import fail
 from cli.guards import decode_settings
@@ -45,7 +46,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def _stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM's exit once uvicorn has stopped gracefully and raised it again (or before the server starts)."""
+    """SIGTERM's exit, once uvicorn has stopped gracefully and raised the signal again."""
     print("stopped by SIGTERM", file=sys.stderr)
     raise SystemExit(128 + signum)
 
@@ -62,7 +63,7 @@ def run_serve(
 ) -> None:
     """Serve ``checkpoint`` on ``host:port`` until stopped; every check comes before the model is loaded."""
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401 - here, to name the extra before any work
 
         from transformer.serving.app import create_app
     except ImportError:
@@ -75,23 +76,36 @@ def run_serve(
 
     if not 0 <= max_wait_ms <= 1000:
         fail(f"--max-wait-ms {max_wait_ms} is out of range; give 0 to 1000 (a few ms joins concurrent requests)")
-    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     dev = resolve_device(device)
     check_precision(precision, dev)
     sock = _bind(host, port)
-    loaded = ckpt.load(checkpoint or ckpt.newest(runs), dev)
-    decode = decode_settings(loaded.cfg.decode, nbest=1, batch_tokens=batch_tokens)
-    translator = Translator(loaded.model, loaded.tokenizer, decode, loaded.cfg.model.max_positions, dev, precision)
-    limits = Limits()
-    batcher = Batcher(translator, max_wait_ms / 1000, limits.max_pending)
-    app = create_app(loaded, batcher, limits)
+    try:
+        loaded = ckpt.load(checkpoint or ckpt.newest(runs), dev)
+        decode = decode_settings(loaded.cfg.decode, nbest=1, batch_tokens=batch_tokens)
+        model, tokenizer = loaded.model, loaded.tokenizer
+        translator = Translator(model, tokenizer, decode, loaded.cfg.model.max_positions, dev, precision)
+        limits = Limits()
+        batcher = Batcher(translator, max_wait_ms / 1000, limits.max_pending)
+        try:
+            _serve(create_app(loaded, batcher, limits), sock, f"serving {loaded.path} on")
+        finally:
+            batcher.close()
+    finally:
+        sock.close()
+
+
+def _serve(app: Any, sock: socket.socket, what: str) -> None:
+    """Run uvicorn on ``sock`` until a signal stops it; SIGTERM then exits 143 (SIGINT is Ctrl-C's
+    KeyboardInterrupt, which the command line turns into 130)."""
+    import uvicorn
+
     config = uvicorn.Config(
         app, log_level="warning", access_log=False, timeout_graceful_shutdown=GRACE_S, lifespan="off"
     )
-    bound_host, bound_port = sock.getsockname()[:2]
-    print(f"serving {loaded.path} on http://{bound_host}:{bound_port} (Ctrl-C stops)", file=sys.stderr, flush=True)
+    host, port = sock.getsockname()[:2]
+    print(f"{what} http://{host}:{port} (Ctrl-C stops)", file=sys.stderr, flush=True)
+    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:
-        batcher.close()
-        sock.close()
+        signal.signal(signal.SIGTERM, previous)
