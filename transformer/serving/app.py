@@ -31,7 +31,7 @@ PAGE_FILES = {
     "/page.css": ("page.css", "text/css"),
 }
 ROUTES = "POST /translate, POST /attention, GET /health, GET /info and GET / (the page)"
-PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'", "Cache-Control": "no-cache"}
+PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:", "Cache-Control": "no-cache"}
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
