@@ -1,9 +1,10 @@
 """The page of tfm serve in a real browser (headless Chromium): a typed sentence gets its translation and the
 heatmap of the chosen layer and head, the data POST /attention returns; an error shows as a line on the page.
-Skipped where Debian's chromium is not installed (CI installs it)."""
+Skipped where Debian's chromium is not installed, unless TFM_BROWSER=required (CI installs it and sets that)."""
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 
@@ -11,6 +12,8 @@ import pytest
 
 CHROMIUM = Path("/usr/bin/chromium")
 if not CHROMIUM.exists():
+    if os.environ.get("TFM_BROWSER") == "required":
+        pytest.fail("TFM_BROWSER=required but /usr/bin/chromium is absent", pytrace=False)
     pytest.skip("no Debian chromium here: apt-get install -y chromium chromium-driver", allow_module_level=True)
 
 from browser import chromium, open_page, translate  # noqa: E402 - selenium is imported only where chromium is
