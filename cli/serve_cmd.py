@@ -87,20 +87,25 @@ def run_serve(
         limits = Limits()
         batcher = Batcher(translator, max_wait_ms / 1000, limits.max_pending)
         try:
-            _serve(create_app(loaded, batcher, limits), sock, f"serving {loaded.path} on")
+            _serve(create_app(loaded, batcher, limits), sock, limits.max_connections, f"serving {loaded.path} on")
         finally:
             batcher.close()
     finally:
         sock.close()
 
 
-def _serve(app: Any, sock: socket.socket, what: str) -> None:
+def _serve(app: Any, sock: socket.socket, connections: int, what: str) -> None:
     """Run uvicorn on ``sock`` until a signal stops it; SIGTERM then exits 143 (SIGINT is Ctrl-C's
     KeyboardInterrupt, which the command line turns into 130)."""
     import uvicorn
 
     config = uvicorn.Config(
-        app, log_level="warning", access_log=False, timeout_graceful_shutdown=GRACE_S, lifespan="off"
+        app,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=GRACE_S,
+        lifespan="off",
+        limit_concurrency=connections,
     )
     host, port = sock.getsockname()[:2]
     print(f"{what} http://{host}:{port} (Ctrl-C stops)", file=sys.stderr, flush=True)

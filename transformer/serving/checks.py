@@ -22,13 +22,14 @@ EXAMPLE = '{"text": ["Ein Mann fährt Fahrrad."], "beam": 5}'
 
 @dataclass(frozen=True)
 class Limits:
-    """What one request may hold (bytes, sentences, beam), and how many sentences may wait in all: what bounds the
-    server's memory under any load."""
+    """What one request may hold (bytes, sentences, beam), how many sentences may wait and how many connections may
+    be open (uvicorn answers 503 past it): what bounds the server's memory under any load."""
 
     max_body: int = 1 << 20
     max_sentences: int = 256
     max_beam: int = 16
     max_pending: int = 4096
+    max_connections: int = 256
 
 
 class RequestError(UserError):
