@@ -25,7 +25,7 @@ FLAGS = [
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
-    "--window-size=1100,900",
+    "--window-size=1000,1000",
 ]
 
 
