@@ -58,7 +58,7 @@ def test_health_and_info_describe_the_model(url, loaded):
     assert status == 200
     assert (info["source"], info["target"]) == ("de", "en")
     assert info["checkpoint"] == str(loaded.path) and info["step"] == loaded.meta["step"]
-    assert info["model"] == dataclasses.asdict(loaded.cfg.model)
+    assert info["config"] == dataclasses.asdict(loaded.cfg)
     assert info["decode"]["beam"] == loaded.cfg.decode.beam
     assert info["limits"] == dataclasses.asdict(LIMITS)
 

@@ -114,7 +114,7 @@ def create_app(loaded: Loaded, batcher: Batcher, limits: Limits) -> Starlette:
                 "source": cfg.data.src_lang,
                 "target": cfg.data.tgt_lang,
                 "vocab_size": tokenizer.vocab_size,
-                "model": dataclasses.asdict(cfg.model),
+                "config": dataclasses.asdict(cfg),
                 "decode": {
                     k: getattr(defaults, k) for k in ("beam", "alpha", "max_len_a", "max_len_b", "batch_tokens")
                 },

@@ -87,10 +87,11 @@ async function translate(event) {
 async function start() {
   try {
     const info = await call("info");
+    const model = info.config.model;
     $("model").textContent = `${info.source} → ${info.target} · ${info.checkpoint} · step ${info.step} · `
-      + `${info.model.N} layers, ${info.model.h} heads`;
-    options($("layer"), info.model.N, info.model.N);
-    options($("head"), info.model.h, 1);
+      + `${model.N} layers, ${model.h} heads`;
+    options($("layer"), model.N, model.N);
+    options($("head"), model.h, 1);
   } catch (error) {
     $("status").textContent = `cannot read /info: ${error.message}`;
     return;
