@@ -9,6 +9,7 @@ import json
 import re
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import urlsplit
@@ -70,7 +71,7 @@ def in_thread(app: Any) -> Iterator[str]:
         while not server.started:
             if not thread.is_alive():
                 raise RuntimeError("uvicorn stopped before it started")
-            threading.Event().wait(0.01)
+            time.sleep(0.01)
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True
