@@ -88,7 +88,8 @@ def translate_file(checkpoint: Path, path: Path) -> tuple[float, list[str]]:
 
 
 def measure(checkpoint: Path, sentences: list[str], clients: list[int], rounds: int, work: Path) -> dict:
-    """Each system's sentences/s (medians of ``rounds``) and how many server answers equal translate's lines."""
+    """Each system's sentences/s (medians of ``rounds``), the seconds of every round (a shared machine's load shows
+    there), and how many server answers differ from translate's lines."""
     text, empty = work / "input.de", work / "empty.de"
     text.write_text("\n".join(sentences) + "\n", encoding="utf-8")
     empty.write_text("", encoding="utf-8")
@@ -119,6 +120,7 @@ def measure(checkpoint: Path, sentences: list[str], clients: list[int], rounds: 
     for c in clients:
         figures[f"serve_{c}_clients_sentences_per_s"] = round(n / median(seconds[f"serve_{c}"]), 1)
     figures["server_answers_unlike_translate"] = differ
+    figures["seconds_by_round"] = {name: [round(x, 2) for x in xs] for name, xs in seconds.items()}
     return figures
 
 
