@@ -110,6 +110,31 @@ def translate(
         )
 
 
+@app.command()
+def serve(
+    checkpoint: Optional[Path] = typer.Option(
+        None, "--checkpoint", help="Checkpoint directory (default: newest run's best)"
+    ),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)"),
+    port: int = typer.Option(8000, "--port", help="Port to listen on (0: any free port)"),
+    device: str = typer.Option("auto", "--device", help="auto|cpu|cuda|cuda:N|mps"),
+    precision: str = typer.Option("fp32", "--precision", help="fp32|bf16|fp16"),
+    batch_tokens: Optional[int] = typer.Option(
+        None, "--batch-tokens", callback=at_least_one, help="Source tokens per batch (default: the config's)"
+    ),
+    max_wait_ms: float = typer.Option(
+        5.0, "--max-wait-ms", help="How long a request waits for others to join its batch"
+    ),
+    runs: Path = typer.Option(Path("runs"), "--runs", help="Where to look for the newest run"),
+) -> None:
+    """Serve a checkpoint over HTTP: POST /translate (JSON), GET /health, GET /info, and a page at / that shows
+    the attention (needs the serve extra)."""
+    from cli.serve_cmd import run_serve
+
+    with user_errors():
+        run_serve(checkpoint, host, port, device, precision, batch_tokens, max_wait_ms, runs)
+
+
 @app.command(name="eval")
 def eval_(
     checkpoint: Optional[Path] = typer.Option(

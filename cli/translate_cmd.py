@@ -17,6 +17,7 @@ from cli.guards import (
     decode_settings,
     write_failed,
 )
+from transformer.errors import out_of_memory
 
 
 def _lines(stream: Iterable[bytes], name: str) -> Iterator[str]:
@@ -44,11 +45,6 @@ def _output(output: Path | None) -> Iterator[IO[str]]:
     else:
         with open(output, "w", encoding="utf-8") as f:
             yield f
-
-
-def _out_of_memory(e: BaseException) -> bool:
-    """Whether an exception is an allocation failure (torch raises RuntimeError for a CPU one)."""
-    return isinstance(e, MemoryError) or "out of memory" in str(e) or "can't allocate memory" in str(e)
 
 
 def run_translate(
@@ -120,7 +116,7 @@ def _translate_into(output: Path | None, translations: Iterator, nbest: int) -> 
     except OSError as e:
         write_failed(output or "standard output", e)
     except (RuntimeError, MemoryError) as e:
-        if not _out_of_memory(e):
+        if not out_of_memory(e):
             raise
         fail("out of memory while translating; lower --beam or --batch-tokens")
     return count, interrupted

@@ -39,3 +39,9 @@ class TrainError(UserError, RuntimeError):
 
 class TranslateError(UserError, ValueError):
     """An input the translator refuses under the current settings."""
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """Whether an exception is an allocation failure (torch raises RuntimeError for a CPU one, OutOfMemoryError,
+    a RuntimeError, for a GPU one)."""
+    return isinstance(e, MemoryError) or "out of memory" in str(e) or "can't allocate memory" in str(e)

@@ -7,6 +7,7 @@ output per input line, an empty line for an empty line, whatever the batch size.
 
 from __future__ import annotations
 
+import copy
 import re
 import sys
 import unicodedata
@@ -76,6 +77,12 @@ class Translator:
         self.device = device
         self.precision = precision
         self.warn = lambda msg: print(f"warning: {msg}", file=sys.stderr)
+
+    def with_decode(self, decode: DecodeConfig) -> Translator:
+        """The same model, tokenizer and device under other decode settings; the model is shared, not copied."""
+        other = copy.copy(self)
+        other.decode = check_decode(decode)
+        return other
 
     def _ids(self, lines: list[str], first_line_no: int) -> list[list[int]]:
         """Token ids per line, truncated or refused when they and <END> exceed the model's positions."""

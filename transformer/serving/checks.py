@@ -1,0 +1,151 @@
+"""What a request may ask, checked before it reaches the model.
+
+Every refusal is a ``RequestError``: an HTTP status (400 a body that is not the JSON asked for, 413 too much,
+422 a value out of range) and one line that names the problem and the fix, as the command line's errors do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from transformer.config import DecodeConfig
+from transformer.decoding.translator import clean_line
+from transformer.errors import UserError
+from transformer.text.tokenizer import Tokenizer
+
+EXAMPLE = '{"text": ["Ein Mann fährt Fahrrad."], "beam": 5}'
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may hold (bytes, sentences, beam), how many sentences may wait and how many connections may
+    be open (uvicorn answers 503 past it): what bounds the server's memory under any load."""
+
+    max_body: int = 1 << 20
+    max_sentences: int = 256
+    max_beam: int = 16
+    max_pending: int = 4096
+    max_connections: int = 256
+
+
+class RequestError(UserError):
+    """A request the server refuses: ``status`` is its HTTP status, the message one line for the client."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class TranslateRequest:
+    """Lines to translate, their source tokens (what batches are sized by) and the settings to translate them with."""
+
+    lines: list[str]
+    lengths: list[int]
+    decode: DecodeConfig
+
+
+@dataclass
+class AttentionRequest:
+    """One sentence and the layer (1-based) whose encoder-decoder attention the page draws."""
+
+    text: str
+    layer: int
+
+
+def read_json(body: bytes) -> dict[str, Any]:
+    """The body as a JSON object: UTF-8 (strictly: JSON has no other encoding), parsed, and an object."""
+    if not body.strip():
+        raise RequestError(400, f"the body is empty; send a JSON object such as {EXAMPLE}")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RequestError(400, f"the body is not valid UTF-8 (byte {e.start}); send UTF-8 JSON") from None
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise RequestError(400, f"the body is not valid JSON ({e}); send an object such as {EXAMPLE}") from None
+    except RecursionError:
+        raise RequestError(400, "the body's JSON is nested too deeply; send an object such as " + EXAMPLE) from None
+    if not isinstance(value, dict):
+        raise RequestError(400, f"the body is JSON but not an object; send an object such as {EXAMPLE}")
+    return value
+
+
+def _known_keys(obj: dict[str, Any], allowed: tuple[str, ...]) -> None:
+    if unknown := sorted(set(obj) - set(allowed)):
+        raise RequestError(400, f"unknown key {unknown[0]!r}; the keys are {', '.join(allowed)}")
+
+
+def _integer(obj: dict[str, Any], key: str, default: int) -> int:
+    value = obj.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(400, f"{key} must be an integer, not {json.dumps(value)[:40]}")
+    return value
+
+
+def _in_range(key: str, value: int, low: int, high: int, why: str) -> int:
+    if not low <= value <= high:
+        raise RequestError(422, f"{key} {value} is out of range; it must be {low} to {high} ({why})")
+    return value
+
+
+def _alpha(obj: dict[str, Any], default: float) -> float:
+    value = obj.get("alpha", default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RequestError(400, f"alpha must be a number, not {json.dumps(value)[:40]}")
+    if not (math.isfinite(value) and value >= 0):
+        raise RequestError(422, f"alpha {value} is out of range; give a number of 0 or more, e.g. 0.6")
+    return float(value)
+
+
+def source_lengths(lines: list[str], tokenizer: Tokenizer, max_positions: int) -> list[int]:
+    """Source tokens of each line as the Translator cleans and encodes it; a line that does not fit the model's
+    positions with its <END> is refused (the server never truncates: a client would not see the warning)."""
+    lengths = [len(ids) for ids in tokenizer.encode_batch([clean_line(line) for line in lines])] if lines else []
+    for no, n in enumerate(lengths, 1):
+        if n + 1 > max_positions:
+            raise RequestError(
+                422, f"sentence {no}: {n} tokens, the model has {max_positions} positions; shorten or split it"
+            )
+    return lengths
+
+
+def check_translate(
+    obj: dict[str, Any], limits: Limits, tokenizer: Tokenizer, max_positions: int, decode: DecodeConfig
+) -> TranslateRequest:
+    """A ``POST /translate`` body: ``text`` a list of strings; ``beam``, ``alpha``, ``nbest`` optional (default:
+    the checkpoint's ``decode``)."""
+    _known_keys(obj, ("text", "beam", "alpha", "nbest"))
+    if "text" not in obj:
+        raise RequestError(400, f"the key 'text' is missing; send an object such as {EXAMPLE}")
+    lines = obj["text"]
+    if not isinstance(lines, list) or not all(isinstance(line, str) for line in lines):
+        raise RequestError(400, f"text must be a list of strings, e.g. {EXAMPLE}")
+    if len(lines) > limits.max_sentences:
+        raise RequestError(
+            413, f"{len(lines)} sentences in one request; send at most {limits.max_sentences} per request"
+        )
+    beam_limit = min(limits.max_beam, tokenizer.vocab_size)
+    beam = _in_range("beam", _integer(obj, "beam", decode.beam), 1, beam_limit, "1 is greedy search")
+    nbest = _in_range("nbest", _integer(obj, "nbest", 1), 1, beam, "at most the beam")
+    alpha = _alpha(obj, decode.alpha)
+    lengths = source_lengths(lines, tokenizer, max_positions)
+    return TranslateRequest(lines, lengths, dataclasses.replace(decode, beam=beam, nbest=nbest, alpha=alpha))
+
+
+def check_attention(obj: dict[str, Any], tokenizer: Tokenizer, max_positions: int, layers: int) -> AttentionRequest:
+    """A ``POST /attention`` body: ``text`` one non-empty sentence, ``layer`` 1..layers (default: the last)."""
+    _known_keys(obj, ("text", "layer"))
+    text = obj.get("text")
+    if not isinstance(text, str):
+        raise RequestError(400, 'text must be one sentence as a string, e.g. {"text": "Ein Mann fährt Fahrrad."}')
+    if not clean_line(text):
+        raise RequestError(422, "the sentence is empty; type a sentence to translate")
+    layer = _in_range("layer", _integer(obj, "layer", layers), 1, layers, "the model's layers")
+    source_lengths([text], tokenizer, max_positions)
+    return AttentionRequest(text, layer)
