@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from dataclasses import dataclass
 from typing import Any
 
-from transformer.config import DecodeConfig
+from transformer.config import DecodeConfig, out_of_range
 from transformer.decoding.translator import clean_line
 from transformer.errors import UserError
 from transformer.text.tokenizer import Tokenizer
@@ -98,8 +97,8 @@ def _alpha(obj: dict[str, Any], default: float) -> float:
     value = obj.get("alpha", default)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise RequestError(400, f"alpha must be a number, not {json.dumps(value)[:40]}")
-    if not (math.isfinite(value) and value >= 0):
-        raise RequestError(422, f"alpha {value} is out of range; give a number of 0 or more, e.g. 0.6")
+    if (want := out_of_range("decode.alpha", value)) is not None:  # the range a config file's decode.alpha meets
+        raise RequestError(422, f"alpha {value} is out of range; it must be {want}, e.g. 0.6")
     return float(value)
 
 
