@@ -110,7 +110,8 @@ def within(key: str) -> Callable[[typer.CallbackParam, Any], Any]:
 
     def check(param: typer.CallbackParam, value: Any) -> Any:
         if value is not None and (want := out_of_range(key, value)) is not None:
-            fail(f"{param.opts[0]} {value} is out of range; it must be {want}")
+            shown = f"{value:g}" if isinstance(value, float) else value  # as typed: -1, not -1.0
+            fail(f"{param.opts[0]} {shown} is out of range; it must be {want}")
         return value
 
     return check
