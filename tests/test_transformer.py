@@ -8,8 +8,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from transformer.config import ModelConfig
-from transformer.model import transformer as model_module
-from transformer.model.speed import unpadded
 from transformer.model.transformer import MultiHeadAttention, Transformer, safe_mask, sinusoids
 
 PAD, START, V = 0, 1, 23
@@ -154,24 +152,6 @@ def test_fully_masked_attention_row_gives_zeros():
     assert torch.equal(out[1], mha.out_proj.bias.expand(5, 16))
     with pytest.raises(TypeError):
         safe_mask(keep.float())
-
-
-def test_unpadded_sources_attend_without_masks_and_translate_the_same(monkeypatch):
-    """A batch with no source padding skips the masks on a CPU; outputs and gradients match the masked path."""
-    keep = torch.ones(2, 1, 1, 5, dtype=torch.bool)
-    assert unpadded(keep)
-    keep[1, ..., 3:] = False
-    assert not unpadded(keep)
-    src, tgt = padded_batch([6, 6, 6]), padded_batch([5, 4, 2], seed=2)
-    results = []
-    for shortcut in (unpadded, lambda keep: False):
-        monkeypatch.setattr(model_module, "unpadded", shortcut)
-        model = small(dropout=0.0)
-        out = model(src, tgt)
-        out.square().sum().backward()
-        results.append((out, model.src_embed.weight.grad))
-    for a, b in zip(*results):
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 
 def _precisions() -> list[tuple[str, torch.dtype]]:

@@ -35,15 +35,6 @@ class Dropout(nn.Dropout):
         return x * keep.mul_(1.0 / (1.0 - self.p))
 
 
-def unpadded(keep: Tensor) -> bool:
-    """Whether a CPU batch's source has no padding, so attention may run with no mask at all.
-
-    Without a mask SDPA does no masking work. On a GPU the question would make the host wait for
-    the device, so there the answer is always no.
-    """
-    return keep.device.type == "cpu" and bool(keep.all())
-
-
 def attention_kernel(q: Tensor) -> ContextManager:
     """SDPA's plain math kernel for bf16 training on a CPU, whose flash kernel has a slower backward; else SDPA's
     choice."""

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from transformer.config import ModelConfig
 from transformer.model.decoder_state import DecoderState
-from transformer.model.speed import Dropout, attention_kernel, unpadded
+from transformer.model.speed import Dropout, attention_kernel
 
 
 def sinusoids(start: int, length: int, d_model: int) -> Tensor:
@@ -210,7 +210,7 @@ class Encoder(nn.Module):
         self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
 
     def forward(self, x: Tensor, src_keep: Tensor) -> Tensor:
-        mask, rows = (None, None) if unpadded(src_keep) else safe_mask(src_keep)
+        mask, rows = safe_mask(src_keep)
         for layer in self.layers:
             x = layer(x, mask, rows)
         return self.norm(x)
@@ -225,7 +225,7 @@ class Decoder(nn.Module):
         self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
 
     def forward(self, y: Tensor, memory: Tensor, src_keep: Tensor) -> Tensor:
-        mask, rows = (None, None) if unpadded(src_keep) else safe_mask(src_keep)
+        mask, rows = safe_mask(src_keep)
         for layer in self.layers:
             y = layer(y, memory, mask, rows)
         return self.norm(y)
