@@ -11,36 +11,13 @@ import torch
 from transformers import MarianConfig, MarianMTModel
 
 from transformer.config import ModelConfig
+from transformer.decoding.hf_export import marian_config
 from transformer.text.tokenizer import Tokenizer
 
 
 def build_marian(model: ModelConfig, tokenizer: Tokenizer, max_positions: int = 512) -> MarianMTModel:
     """A randomly initialised MarianMTModel of the same shape as ``model``."""
-    cfg = MarianConfig(
-        vocab_size=tokenizer.vocab_size,
-        decoder_vocab_size=tokenizer.vocab_size,
-        d_model=model.d_model,
-        encoder_layers=model.N,
-        decoder_layers=model.N,
-        encoder_attention_heads=model.h,
-        decoder_attention_heads=model.h,
-        encoder_ffn_dim=model.d_ff,
-        decoder_ffn_dim=model.d_ff,
-        activation_function="relu",
-        dropout=model.dropout,
-        attention_dropout=0.0,
-        activation_dropout=0.0,
-        max_position_embeddings=max_positions,
-        scale_embedding=True,
-        static_position_embeddings=True,
-        share_encoder_decoder_embeddings=True,
-        tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_id,
-        eos_token_id=tokenizer.end_id,
-        bos_token_id=tokenizer.start_id,
-        decoder_start_token_id=tokenizer.start_id,
-        forced_eos_token_id=None,
-    )
+    cfg = MarianConfig(**{**marian_config(model, tokenizer), "max_position_embeddings": max_positions})
     return MarianMTModel(cfg)
 
 

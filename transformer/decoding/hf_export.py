@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from transformer.checkpoint import Loaded
-from transformer.config import Config
+from transformer.config import Config, ModelConfig
 from transformer.decoding.model_card import model_card
 from transformer.errors import ExportError
 from transformer.text.tokenizer import Tokenizer
@@ -88,9 +88,8 @@ def marian_state_dict(model: torch.nn.Module, d_model: int, tied: bool) -> dict[
     return {k: v.detach().float().cpu().contiguous() for k, v in sd.items()}
 
 
-def marian_config(cfg: Config, tok: Tokenizer) -> dict:
-    """MarianConfig arguments for tfm's shape, ids and decoding defaults."""
-    m = cfg.model
+def marian_config(m: ModelConfig, tok: Tokenizer) -> dict:
+    """MarianConfig arguments for tfm's shape and token ids."""
     return dict(
         vocab_size=tok.vocab_size,
         decoder_vocab_size=tok.vocab_size,
@@ -183,7 +182,7 @@ def write_hf(loaded: Loaded, folder: Path) -> None:
         raise ExportError("export --format hf needs the transformers package; pip install transformers") from None
     disable_progress_bar()
     cfg, tok = loaded.cfg, loaded.tokenizer
-    marian = MarianMTModel(MarianConfig(**marian_config(cfg, tok)))
+    marian = MarianMTModel(MarianConfig(**marian_config(cfg.model, tok)))
     missing, unexpected = marian.load_state_dict(
         marian_state_dict(loaded.model, cfg.model.d_model, cfg.model.tie_embeddings), strict=False
     )
