@@ -19,7 +19,7 @@ from typing import Any
 from cli.exits import fail
 from cli.guards import decode_settings
 
-EXTRA = "tfm serve needs the serve extra, which is not installed: pip install 'tfm-nmt[serve]'"
+EXTRA = "tfm serve needs starlette and uvicorn (the serve extra); pip install starlette uvicorn"
 GRACE_S = 30  # how long requests in flight may take to finish once asked to stop
 
 

@@ -136,4 +136,4 @@ def test_without_the_serve_extra_the_error_names_it(tmp_path):
     code = "import sys; sys.modules['uvicorn'] = None; sys.argv = ['tfm', 'serve']; from cli.main import app; app()"
     out = subprocess.run([sys.executable, "-c", code], env=ENV, cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 2
-    assert "pip install 'tfm-nmt[serve]'" in one_error_line(out.stderr)
+    assert "pip install starlette uvicorn" in one_error_line(out.stderr)
