@@ -16,10 +16,19 @@ def test_auto_precision_on_cuda_is_bf16_from_ampere_and_fp16_before(capability, 
 
 
 @pytest.mark.parametrize("amx, precision", [(True, "bf16"), (False, "fp32")])
-def test_auto_precision_on_a_cpu_is_bf16_only_with_amx(amx, precision, monkeypatch):
+def test_auto_precision_on_a_cpu_is_bf16_with_amx_and_fp32_unmeasured(amx, precision, monkeypatch):
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
     assert resolve_precision("auto", torch.device("cpu")) == precision
-    assert resolve_precision("auto", torch.device("mps")) == "fp32"
+    assert resolve_precision("auto", torch.device("mps"), lambda: "bf16") == "fp32"
+
+
+@pytest.mark.parametrize(
+    "amx, measured, precision", [(False, "bf16", "bf16"), (False, "fp32", "fp32"), (True, "fp32", "bf16")]
+)
+def test_auto_precision_on_a_cpu_without_amx_is_what_the_measurement_finds(amx, measured, precision, monkeypatch):
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    assert resolve_precision("auto", torch.device("cpu"), lambda: measured) == precision
+    assert resolve_precision("fp32", torch.device("cpu"), lambda: "bf16") == "fp32"  # only auto is measured
 
 
 def test_auto_precision_is_fp32_on_a_torch_that_cannot_tell_amx(monkeypatch):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import ContextManager
+from typing import Callable, ContextManager
 
 import torch
 
@@ -67,18 +67,23 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def resolve_precision(name: str, device: torch.device) -> str:
+def resolve_precision(name: str, device: torch.device, measure_cpu: Callable[[], str] | None = None) -> str:
     """``auto``: bf16 on a CUDA GPU with bf16 tensor cores (compute capability 8.0 and up), fp16 with loss
-    scaling on older ones, bf16 on a CPU with AMX tiles, fp32 elsewhere; other names are returned as they are.
+    scaling on older ones, bf16 on a CPU with AMX tiles; on other CPUs what ``measure_cpu`` finds faster (fp32
+    without it); fp32 elsewhere. Other names are returned as they are.
 
-    On CPUs without AMX, bf16 autocast trained slower than fp32; with AMX, faster (``python -m bench.run``
-    compares the two).
+    With AMX, bf16 autocast trained faster than fp32 on every CPU measured; without it, faster on some and slower
+    on others, hence the measurement (transformer.training.cpu_precision).
     """
     if name != "auto":
         return name
     if device.type == "cuda":
         return "bf16" if torch.cuda.get_device_capability(device) >= (8, 0) else "fp16"
-    return "bf16" if device.type == "cpu" and cpu_has_amx() else "fp32"
+    if device.type != "cpu":
+        return "fp32"
+    if cpu_has_amx():
+        return "bf16"
+    return measure_cpu() if measure_cpu is not None else "fp32"
 
 
 def cpu_has_amx() -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -33,6 +34,7 @@ from transformer.model.transformer import build_model
 from transformer.text.batching import make_batches
 from transformer.text.tokenizer import Tokenizer
 from transformer.training import distributed, run_dir, tensorboard_log, train_data, train_state
+from transformer.training.cpu_precision import faster_cpu_precision
 from transformer.training.forecast import forecast
 from transformer.training.meter import Meter
 from transformer.training.prefetch import ahead
@@ -71,8 +73,11 @@ class Trainer:
         self.log = log or (lambda msg: print(msg, file=sys.stderr))
         self.run_dir = cfg.out_dir
         self.device = distributed.local_device(resolve_device(cfg.device))
-        # precision: auto becomes what this device runs best, and the run's config.yaml records it
-        self.cfg = replace(cfg, precision=resolve_precision(cfg.precision, self.device))
+        # precision: auto becomes what this device runs best, and the run's config.yaml records it; a CPU without
+        # AMX is measured, by one process only (ranks under torchrun keep fp32 rather than each choose its own)
+        one_process = os.environ.get("WORLD_SIZE", "1") == "1"
+        measure = (lambda: faster_cpu_precision(cfg.model, cfg.tokenizer.vocab_size, self.log)) if one_process else None
+        self.cfg = replace(cfg, precision=resolve_precision(cfg.precision, self.device, measure))
         check_precision(self.cfg.precision, self.device)
         check_gpu_switches(self.cfg.train, self.cfg.precision, self.device)
         self.tensorboard = tensorboard_log.wanted(cfg.train.tensorboard)

@@ -1,0 +1,110 @@
+"""``precision: auto`` on a CPU without AMX: whether bf16 autocast trains faster than fp32 here, measured once.
+
+No CPU flag decides it: with AVX-512 BF16 and no AMX, bf16 trained faster than fp32 on one processor and slower on
+another. So a model of the run's shape and vocabulary size runs a training step (forward, loss, backward) on one
+batch in each precision, alternated round by round, and bf16 is chosen only when its median time beats fp32's by
+``MARGIN`` (its rounding costs accuracy, so a near tie goes to fp32). The verdict is cached per processor, thread
+count, torch version and shape in ``$XDG_CACHE_HOME/tfm/cpu-precision.json`` (default ``~/.cache``); delete the
+file to measure again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from transformer.config import ModelConfig
+from transformer.device import autocast
+from transformer.files import atomic_file
+from transformer.model.transformer import build_model
+
+MARGIN = 1.15
+ROUNDS = 3
+ROWS, LENGTH = 16, 64  # one batch of 1,024 source and 1,024 target tokens
+
+
+def cache_path() -> Path:
+    """Where verdicts are kept, one per machine and shape."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tfm" / "cpu-precision.json"
+
+
+def processor() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux), else what the platform reports."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cache_key(model: ModelConfig, vocab_size: int) -> str:
+    return (
+        f"{processor()} | {torch.get_num_threads()} threads | torch {torch.__version__} | "
+        f"N {model.N}, d_model {model.d_model}, d_ff {model.d_ff}, h {model.h}, vocabulary {vocab_size}"
+    )
+
+
+def measure(
+    model: ModelConfig, vocab_size: int, rounds: int = ROUNDS, clock: Callable[[], float] = time.perf_counter
+) -> dict:
+    """Median seconds of a training step of a ``model``-shaped Transformer on one batch, in fp32 and in bf16."""
+    torch.manual_seed(0)
+    net = build_model(model, vocab_size, pad_id=0)
+    src, tgt = torch.randint(1, vocab_size, (2, ROWS, LENGTH))
+    cpu = torch.device("cpu")
+
+    def step(precision: str) -> float:
+        start = clock()
+        with autocast(precision, cpu):
+            logits = net(src, tgt)
+        torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tgt.flatten()).backward()
+        return clock() - start
+
+    times: dict[str, list[float]] = {"fp32": [], "bf16": []}
+    for precision in times:  # first runs pick kernels and allocate: not timed
+        step(precision)
+    for r in range(rounds):
+        for precision in times if r % 2 == 0 else reversed(times):
+            times[precision].append(step(precision))
+    return {p: statistics.median(ts) for p, ts in times.items()}
+
+
+def choose(seconds: dict) -> str:
+    """bf16 where it beats fp32 by the margin, else fp32."""
+    return "bf16" if seconds["fp32"] >= MARGIN * seconds["bf16"] else "fp32"
+
+
+def faster_cpu_precision(model: ModelConfig, vocab_size: int, log: Callable[[str], None] = lambda msg: None) -> str:
+    """fp32 or bf16, whichever trains ``model``'s shape faster on this CPU: cached, else measured and cached."""
+    path, key = cache_path(), cache_key(model, vocab_size)
+    try:
+        cache = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        cache = {}
+    if not isinstance(cache, dict):
+        cache = {}
+    if isinstance(cache.get(key), dict) and cache[key].get("precision") in ("fp32", "bf16"):
+        return cache[key]["precision"]
+    seconds = measure(model, vocab_size)
+    precision = choose(seconds)
+    log(
+        f"precision auto: bf16 {seconds['fp32'] / seconds['bf16']:.2f}x fp32's speed on this CPU, so {precision} "
+        f"(kept in {path})"
+    )
+    cache[key] = {"precision": precision, "fp32_s": seconds["fp32"], "bf16_s": seconds["bf16"]}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_file(path) as f:
+            f.write(json.dumps(cache, indent=2) + "\n")
+    except OSError:
+        pass  # an unwritable cache only means measuring again next time
+    return precision
