@@ -49,20 +49,21 @@ def is_main() -> bool:
     return rank() == 0
 
 
-def _env_world() -> int:
+def launched_world() -> int:
+    """Processes torchrun started for this run (1 without torchrun), readable before the process group exists."""
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def local_device(device: torch.device) -> torch.device:
     """The device this process trains on: ``cuda:LOCAL_RANK`` under torchrun, else ``device`` unchanged."""
-    if device.type == "cuda" and _env_world() > 1:
+    if device.type == "cuda" and launched_world() > 1:
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return device
 
 
 def init(device: torch.device) -> None:
     """Join torchrun's process group (NCCL for CUDA, Gloo for CPU); nothing to do for a single process."""
-    if _env_world() <= 1 or dist.is_initialized():
+    if launched_world() <= 1 or dist.is_initialized():
         return
     if device.type not in ("cuda", "cpu"):
         raise DistributedError(f"distributed training runs on cuda or cpu, not {device.type}; set device: cuda or cpu")
@@ -224,7 +225,7 @@ def launch(nproc: int, args: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    if _env_world() > 1:
+    if launched_world() > 1:
         raise DistributedError("already running under torchrun; drop --nproc (torchrun's --nproc_per_node sets it)")
     try:
         run(get_args_parser().parse_args(["--standalone", f"--nproc_per_node={nproc}", "-m", "cli", *args]))

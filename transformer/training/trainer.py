@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -75,8 +74,8 @@ class Trainer:
         self.device = distributed.local_device(resolve_device(cfg.device))
         # precision: auto becomes what this device runs best, and the run's config.yaml records it; a CPU without
         # AMX is measured, by one process only (ranks under torchrun keep fp32 rather than each choose its own)
-        one_process = os.environ.get("WORLD_SIZE", "1") == "1"
-        measure = (lambda: faster_cpu_precision(cfg.model, cfg.tokenizer.vocab_size, self.log)) if one_process else None
+        alone = distributed.launched_world() == 1
+        measure = (lambda: faster_cpu_precision(cfg.model, cfg.tokenizer.vocab_size, self.log)) if alone else None
         self.cfg = replace(cfg, precision=resolve_precision(cfg.precision, self.device, measure))
         check_precision(self.cfg.precision, self.device)
         check_gpu_switches(self.cfg.train, self.cfg.precision, self.device)
