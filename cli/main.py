@@ -120,7 +120,10 @@ def serve(
     device: str = typer.Option("auto", "--device", help="auto|cpu|cuda|cuda:N|mps"),
     precision: str = typer.Option("fp32", "--precision", help="fp32|bf16|fp16"),
     batch_tokens: Optional[int] = typer.Option(
-        None, "--batch-tokens", callback=at_least_one, help="Source tokens per batch (default: the config's)"
+        None,
+        "--batch-tokens",
+        callback=within("decode.batch_tokens"),
+        help="Source tokens per batch (default: the config's)",
     ),
     max_wait_ms: float = typer.Option(
         5.0, "--max-wait-ms", help="How long a request waits for others to join its batch"
