@@ -32,15 +32,6 @@ from bench.startup import tfm_command
 SERVING = re.compile(r"serving .* on http://([\d.]+):(\d+) ")
 
 
-def lscpu_model() -> str:
-    """The processor's model name as lscpu prints it (what bench/results records as the machine)."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return str(machine()["cpu"])
-    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "")
-
-
 class Server:
     """``tfm serve`` of a checkpoint on a free port of 127.0.0.1, read from the line it prints."""
 
@@ -140,12 +131,13 @@ def main(argv: list[str] | None = None) -> None:
         sentences = f.read().splitlines()[:n]
     with tempfile.TemporaryDirectory() as work:
         figures = measure(args.checkpoint, sentences, [int(c) for c in args.clients.split(",")], rounds, Path(work))
+    details = machine()
     record = {
         "date": datetime.date.today().isoformat(),
-        "machine": f"{lscpu_model()}, {machine()['cores']} cores",
+        "machine": f"{details['cpu']}, {details['cores']} cores",
         "command": "python -m bench.serve " + " ".join(sys.argv[1:] if argv is None else argv),
         "figures": figures,
-        "details": machine(),
+        "details": details,
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
