@@ -32,7 +32,7 @@ from bench.common import machine
 from transformer import checkpoint
 from transformer.decoding.export import export
 from transformer.decoding.scoring import score
-from transformer.decoding.search import beam_search, greedy_search, length_penalty
+from transformer.decoding.search import beam_search, greedy_search, length_penalty, max_output_lengths
 from transformer.text.batching import source_tensor
 from transformer.text.corpus import load_split
 
@@ -95,17 +95,18 @@ def _hf(marian, ids: list[list[int]], tok, **generate) -> list[list[int]]:
 def compare(loaded, src_ids, refs, ours, theirs, tie: float, penalties=None) -> dict:
     """Agreement, the reasons for each difference, and the BLEU of both sides."""
     tok, d = loaded.tokenizer, loaded.cfg.decode
+    limits = max_output_lengths(torch.tensor([len(ids) + 1 for ids in src_ids]), d.max_len_a, d.max_len_b).tolist()
     reasons: dict[str, int] = {}
-    for ids, a, b in zip(src_ids, ours, theirs):
+    for ids, a, b, limit in zip(src_ids, ours, theirs, limits):
         if a != b:
-            limit = int(len(ids + [tok.end_id]) * d.max_len_a + d.max_len_b)
             why = explain(loaded.model, tok, source_tensor([ids], tok)[0], a, b, limit, tie, penalties)
             reasons[why] = reasons.get(why, 0) + 1
     lang = loaded.cfg.data.tgt_lang
+    same = sum(a == b for a, b in zip(ours, theirs))
     return {
-        "same": sum(a == b for a, b in zip(ours, theirs)),
+        "same": same,
         "lines": len(ours),
-        "agreement": round(sum(a == b for a, b in zip(ours, theirs)) / max(1, len(ours)), 4),
+        "agreement": round(same / max(1, len(ours)), 4),
         "differences": reasons,
         "bleu_tfm": round(score(tok.decode_batch(ours), refs, lang).bleu, 2),
         "bleu_hf": round(score(tok.decode_batch(theirs), refs, lang).bleu, 2),
