@@ -41,6 +41,17 @@ def test_round_trip(parts, tmp_path):
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".ck")]
 
 
+def test_config_written_with_the_retired_top_level_compile_still_reads(parts, tmp_path):
+    cfg, tok, model = parts
+    path = checkpoint.save(tmp_path / "ck", cfg, tok, model, {"step": 7})
+    written = (path / checkpoint.CONFIG).read_text(encoding="utf-8")
+    (path / checkpoint.CONFIG).write_text("compile: false\n" + written, encoding="utf-8")
+    assert checkpoint.read_config(path) == cfg
+    (path / checkpoint.CONFIG).write_text("compile: true\n" + written, encoding="utf-8")
+    with pytest.raises(CheckpointError, match="unknown config key 'compile'"):
+        checkpoint.read_config(path)
+
+
 def test_failed_save_keeps_previous_checkpoint(parts, tmp_path, monkeypatch):
     cfg, tok, model = parts
     path = checkpoint.save(tmp_path / "best", cfg, tok, model, {"step": 1})

@@ -1,4 +1,4 @@
-"""The trainer state a checkpoint keeps: it comes back whole, and a checkpoint saved before time was split says so."""
+"""The trainer state a checkpoint keeps: it comes back whole, and one saved by earlier code still loads."""
 
 import torch
 
@@ -15,10 +15,10 @@ def test_restore_gives_back_what_capture_saved():
     assert restore(capture(state, _optimizer(), scaler), _optimizer(), scaler) == state
 
 
-def test_checkpoint_from_before_the_time_split_starts_the_split_where_it_resumes():
+def test_state_saved_by_earlier_code_loads_without_its_retired_fields():
     scaler = torch.amp.GradScaler("cpu", enabled=False)
-    saved = capture(TrainState(step=250, elapsed=600.0), _optimizer(), scaler)
-    for key in ("valid_s", "save_s", "split_from_step", "split_from_s"):
-        del saved["state"][key]
+    saved = capture(TrainState(step=250, elapsed=600.0, valid_s=40.0), _optimizer(), scaler)
+    saved["state"] |= {"split_from_step": 100, "split_from_s": 240.0}  # fields trainer.pt held before
+    del saved["state"]["save_s"]  # and one it did not hold yet
     state = restore(saved, _optimizer(), scaler)
-    assert (state.step, state.split_from_step, state.split_from_s, state.valid_s) == (250, 250, 600.0, 0.0)
+    assert (state.step, state.elapsed, state.valid_s, state.save_s) == (250, 600.0, 40.0, 0.0)

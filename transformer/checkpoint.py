@@ -119,6 +119,8 @@ def read_config(path: Path) -> Config:
     """The resolved config saved in a checkpoint directory."""
     try:
         values = yaml.safe_load((path / CONFIG).read_text(encoding="utf-8")) or {}
+        if isinstance(values, dict) and values.get("compile") is False:
+            del values["compile"]  # written before train.compile replaced it; it had to be false, so it did nothing
         return config_mod.from_dict(values)
     except (OSError, yaml.YAMLError, UnicodeDecodeError) as e:
         raise CheckpointError(

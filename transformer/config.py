@@ -127,7 +127,6 @@ class Config:
     seed: int = 1
     device: str = "auto"
     precision: str = one_of("fp32", "bf16", "fp16", "auto")
-    compile: bool = False  # kept so older config.yaml files load; true is refused (see validate)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
@@ -310,11 +309,6 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(
             f"name: '{cfg.name}' must be a plain name (letters, digits, '.', '_', '-'): the run goes to "
             "run_dir/name; choose the folder with run_dir"
-        )
-    if cfg.compile:
-        raise ConfigError(
-            "compile: true is not read at the top level; torch.compile of training is train.compile "
-            "(CUDA only): set compile: false and train.compile: true"
         )
     if cfg.train.cuda_graphs and not cfg.train.static_shapes:
         raise ConfigError(

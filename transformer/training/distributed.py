@@ -54,6 +54,11 @@ def launched_world() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def launched_rank() -> int:
+    """This process's rank as torchrun set it (0 without torchrun), readable before the process group exists."""
+    return int(os.environ.get("RANK", "0"))
+
+
 def local_device(device: torch.device) -> torch.device:
     """The device this process trains on: ``cuda:LOCAL_RANK`` under torchrun, else ``device`` unchanged."""
     if device.type == "cuda" and launched_world() > 1:

@@ -64,8 +64,8 @@ class Meter:
             setattr(self.state, f"{kind}_s", getattr(self.state, f"{kind}_s") + clock() - began)
 
     def split(self) -> dict[str, float]:
-        """Where the run's time went since it began (or since ``split_from_s`` for runs saved before the split)."""
-        total = self.since_start() - self.state.split_from_s
+        """Where the run's time went since it began."""
+        total = self.since_start()
         s = self.state
         return {"seconds": total, "train_s": total - s.valid_s - s.save_s, "valid_s": s.valid_s, "save_s": s.save_s}
 

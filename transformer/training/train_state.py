@@ -6,7 +6,7 @@ the gradient scaler's state and the RNG states, so that a resumed run continues 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import torch
@@ -27,8 +27,6 @@ class TrainState:
     elapsed: float = 0.0
     valid_s: float = 0.0
     save_s: float = 0.0
-    split_from_step: int = 0
-    split_from_s: float = 0.0
     target_tokens: int = 0
 
 
@@ -50,7 +48,5 @@ def restore(saved: dict[str, Any], optimizer: torch.optim.Optimizer, scaler: tor
     torch.set_rng_state(saved["cpu_rng"])
     if saved["cuda_rng"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(saved["cuda_rng"])
-    state = TrainState(**saved["state"])
-    if "valid_s" not in saved["state"]:  # saved before time was split: the split starts here
-        state.split_from_step, state.split_from_s = state.step, state.elapsed
-    return state
+    known = {f.name for f in fields(TrainState)}  # a state saved by earlier code may hold fields since retired
+    return TrainState(**{k: v for k, v in saved["state"].items() if k in known})

@@ -68,8 +68,9 @@ class Trainer:
     ) -> None:
         self.resume = resume
         self.overwrite = overwrite
-        self.quiet = quiet
-        self.log = log or (lambda msg: print(msg, file=sys.stderr))
+        main = distributed.launched_rank() == 0  # under torchrun the other ranks say nothing
+        self.quiet = quiet or not main
+        self.log = (log or (lambda msg: print(msg, file=sys.stderr))) if main else (lambda msg: None)
         self.run_dir = cfg.out_dir
         self.device = distributed.local_device(resolve_device(cfg.device))
         # precision: auto becomes what this device runs best, and the run's config.yaml records it; a CPU without
@@ -80,7 +81,6 @@ class Trainer:
         check_precision(self.cfg.precision, self.device)
         check_gpu_switches(self.cfg.train, self.cfg.precision, self.device)
         self.tensorboard = tensorboard_log.wanted(cfg.train.tensorboard)
-        self.state = TrainState()
 
     def run(self) -> Result:
         """Train until max_steps, max_epochs, max_minutes, early stopping or a signal; always leave a checkpoint.
@@ -93,9 +93,7 @@ class Trainer:
                 raise ConfigError(
                     "train.cuda_graphs: true runs in one process only, not under torchrun; set train.cuda_graphs: false"
                 )
-            if not distributed.is_main():
-                self.log, self.quiet = (lambda msg: None), True
-            elif note := distributed.unused_gpus_note(self.device):
+            if distributed.is_main() and (note := distributed.unused_gpus_note(self.device)):
                 self.log(note)
             # from the start: Ctrl-C during set-up is no traceback; rank 0 holds the run directory for the run
             hold = run_dir.locked(self.run_dir) if distributed.is_main() else contextlib.nullcontext()
@@ -123,7 +121,7 @@ class Trainer:
             data = train_data.read_splits(cfg, self.run_dir, tokenizer, self.log)
             self.tokenizer, self.train_enc, self.valid, self.valid_enc = data
         if self.signals.signum is not None:
-            return self._stopped_in_set_up()
+            return self._stopped_in_set_up(TrainState())
         self.model = build_model(cfg.model, self.tokenizer.vocab_size, self.tokenizer.pad_id).to(self.device)
         ddp = distributed.wrap(self.model, self.device)
         distributed.seed_dropout(cfg.seed)
@@ -133,33 +131,33 @@ class Trainer:
         config_yaml = dump(cfg)
         if distributed.is_main():
             (self.run_dir / checkpoint.CONFIG).write_text(config_yaml, encoding="utf-8")
-        if resume_from is not None:
-            self._restore(resume_from)
-            if self.state.step >= t.max_steps:
-                self.log(f"already at max_steps ({t.max_steps}); nothing to do (raise train.max_steps to go on)")
-                return Result(self.state, "finished", 0, self.run_dir)
+        self.state = self._restored(resume_from) if resume_from is not None else TrainState()
+        if self.state.step >= t.max_steps:  # a resumed run that has nothing left to do
+            self.log(f"already at max_steps ({t.max_steps}); nothing to do (raise train.max_steps to go on)")
+            return Result(self.state, "finished", 0, self.run_dir)
         n_params = sum(p.numel() for p in self.model.parameters())
         self.log(f"model: {n_params:,} parameters on {self.device} in {cfg.precision}")
         if self.signals.signum is not None:
-            return self._stopped_in_set_up()
+            return self._stopped_in_set_up(self.state)
         if self.tensorboard:
             events = self.run_dir / tensorboard_log.FOLDER
             self.log(f"TensorBoard events in {events} (to see them: tensorboard --logdir {cfg.run_dir})")
         with open_run_log(self.run_dir, self.tensorboard, self.state.step + 1, config_yaml) as self.run_log:
             return self._loop()
 
-    def _stopped_in_set_up(self) -> Result:
+    def _stopped_in_set_up(self, state: TrainState) -> Result:
         """A signal before the first update: nothing new to save; a plain rerun starts afresh (run_dir.prepare)."""
         self.log(f"interrupted before the first update; nothing saved beyond what {self.run_dir} held")
-        return Result(self.state, "signal", self.signals.exit_code(), self.run_dir)
+        return Result(state, "signal", self.signals.exit_code(), self.run_dir)
 
-    def _restore(self, ckpt_dir: Path) -> None:
-        """Weights, optimizer, scaler, RNGs and TrainState as ``ckpt_dir`` saved them."""
+    def _restored(self, ckpt_dir: Path) -> TrainState:
+        """Weights, optimizer, scaler and RNGs put back as ``ckpt_dir`` saved them; its TrainState."""
         self.model.load_state_dict(checkpoint.load(ckpt_dir, self.device).model.state_dict())
         saved = checkpoint.load_trainer_state(ckpt_dir)
-        self.state = train_state.restore(saved, self.optimizer, self.scaler)
-        distributed.restore_rng(saved.get("rank_rng"), self.device, self.cfg.seed, self.state.step, self.log)
-        self.log(f"resumed from {ckpt_dir} at step {self.state.step}")
+        state = train_state.restore(saved, self.optimizer, self.scaler)
+        distributed.restore_rng(saved.get("rank_rng"), self.device, self.cfg.seed, state.step, self.log)
+        self.log(f"resumed from {ckpt_dir} at step {state.step}")
+        return state
 
     # ----- the loop ------------------------------------------------------------------------------------------
 
@@ -174,7 +172,6 @@ class Trainer:
             unit="step",
         )
         self.meter = Meter(self.state)
-        self.last_eval_step = -1
         self.model.train()
         self.signals.training = True
         try:
@@ -291,7 +288,6 @@ class Trainer:
         """Rank 0 validates and keeps the best; every rank then holds its verdict (for early stopping)."""
         if distributed.is_main():
             self._validate_and_keep_best()
-        self.last_eval_step = self.state.step
         verdict = distributed.from_main((self.state.best_bleu, self.state.evals_without_gain))
         self.state.best_bleu, self.state.evals_without_gain = verdict
 
@@ -349,7 +345,7 @@ class Trainer:
             code = 1
         elif reason == "signal":
             code = self.signals.exit_code()
-        elif self.last_eval_step != self.state.step:
+        elif self.state.step % self.cfg.train.eval_every != 0:  # else the loop validated this very step
             self._evaluate_and_keep_best()
         if reason != "non_finite":
             self._save(reason)
@@ -364,10 +360,9 @@ class Trainer:
         """Where the run's time went, so that a user sees whether validation or checkpoints eat the budget."""
         s, split = self.state, self.meter.split()
         total = split["seconds"]
-        self.run_log.record({"step": s.step, "kind": "end", "reason": reason, "from_step": s.split_from_step, **split})
+        self.run_log.record({"step": s.step, "kind": "end", "reason": reason, **split})
         share = [
             f"{name} {split[key] / 60:.1f} min ({100 * split[key] / max(total, 1e-9):.0f}%)"
             for name, key in (("training", "train_s"), ("validation", "valid_s"), ("checkpoints", "save_s"))
         ]
-        since = f" since step {s.split_from_step}" if s.split_from_step else ""
-        self.log(f"time{since}: {total / 60:.1f} min: {', '.join(share)}")
+        self.log(f"time: {total / 60:.1f} min: {', '.join(share)}")
