@@ -117,13 +117,16 @@ def _import_ctranslate2():
     return ctranslate2
 
 
-def ct2_decoder(loaded: checkpoint.Loaded, folder: Path, length_penalty: float) -> Decoder:
-    """CTranslate2 (fp32) on the model ``tfm export --format ctranslate2`` writes into ``folder``."""
+def ct2_decoder(
+    loaded: checkpoint.Loaded, folder: Path, length_penalty: float, compute_type: str = "default"
+) -> Decoder:
+    """CTranslate2 on the model ``tfm export --format ctranslate2`` writes into ``folder`` (fp32, as exported, or
+    its ``compute_type``: "int8" quantizes the weights when loading)."""
     ctranslate2 = _import_ctranslate2()
     tok, d = loaded.tokenizer, loaded.cfg.decode
     export(loaded.path, folder, overwrite=True)
     translator = ctranslate2.Translator(
-        str(folder), device="cpu", inter_threads=1, intra_threads=torch.get_num_threads()
+        str(folder), device="cpu", compute_type=compute_type, inter_threads=1, intra_threads=torch.get_num_threads()
     )
     vocab = [tok.id_to_token(i) for i in range(tok.vocab_size)]
     index = {t: i for i, t in enumerate(vocab)}
@@ -213,6 +216,32 @@ def peers(loaded: checkpoint.Loaded, workdir: str | None = None) -> dict[str, De
         "transformers": marian_decoder(loaded, length_penalty),
         "ctranslate2": ct2_decoder(loaded, folder, length_penalty),
     }
+
+
+def int8_peers(loaded: checkpoint.Loaded, workdir: str) -> dict[str, Decoder]:
+    """tfm's int8 decoding (transformer.decoding.int8) and CTranslate2's int8, on the same weights."""
+    folder = Path(workdir) / "ct2"
+    return {
+        "tfm": tfm_decoder(loaded, "int8"),
+        "ctranslate2": ct2_decoder(loaded, folder, loaded.cfg.decode.alpha, "int8"),
+    }
+
+
+def full_test_bleu(
+    loaded: checkpoint.Loaded, lines: list[str], refs: list[str], precisions: tuple[str, ...]
+) -> dict[str, dict[str, float]]:
+    """tfm's BLEU on all of ``lines`` in each precision, greedy and beam 5, in batches of 32 sorted by length."""
+    tgt = loaded.cfg.data.tgt_lang
+    out: dict[str, dict[str, float]] = {}
+    for precision in precisions:
+        system = tfm_decoder(loaded, precision)
+        for beam in (1, 5):
+            texts: dict[int, str] = {}
+            for g in batches(lines, loaded.tokenizer, Setting(beam, 32), len(lines)):
+                texts.update(zip(g, system([lines[i] for i in g], beam)))
+            search = "greedy" if beam == 1 else f"beam {beam}"
+            out.setdefault(precision, {})[search] = score([texts[i] for i in range(len(lines))], refs, tgt).bleu
+    return out
 
 
 def agreement(

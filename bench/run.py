@@ -5,6 +5,7 @@ Sections (all by default, or pick with --sections):
            shapes, fp32 and bf16 autocast, MFU against matmul peaks measured in this run; each system in
            a process of its own (--same-process: both in this one)
   decode   tfm vs transformers' generate vs CTranslate2 on tfm's weights (bench.decode_speed)
+  int8     tfm's int8 decoding vs CTranslate2's int8 on the same grid, and tfm's test BLEU in fp32 and int8
   startup  wall-clock and CPU seconds of `tfm --help` and `tfm translate "..."` (bench.startup)
   memory   peak RSS of `tfm translate` on 1,000 test lines, and on 10,000 streamed lines
   levers   each speed-up measured alone, without and with it (bench.levers)
@@ -38,13 +39,15 @@ from transformer.config import DataConfig
 from transformer.text.corpus import load_split
 from transformer.text.tokenizer import Tokenizer, train_tokenizer
 
-MODEL_SECTIONS = {"decode", "startup", "memory", "levers", "contended"}
+MODEL_SECTIONS = {"decode", "int8", "startup", "memory", "levers", "contended"}
 TARGETS = {
     "train_vs_marian": 1.3,
     "bf16_vs_fp32": 1.5,
     "decode_vs_generate": 2.0,
     "ct2_vs_tfm": 1.5,
     "bleu_gap": 0.2,
+    "int8_vs_ct2_int8": 1.0,
+    "int8_bleu_drop": 0.5,
     "help_s": 1.0,
     "translate_s": 3.0,
     "rss_growth": 1.1,
@@ -109,8 +112,8 @@ def run_train(args: argparse.Namespace, tok, peaks: dict[str, float]) -> list[di
     return rows
 
 
-def run_decode(args: argparse.Namespace, loaded, lines: list[str], refs: list[str]) -> list[dict[str, Any]]:
-    systems = decode_speed.peers(loaded, str(args.runs))
+def decode_grid(args: argparse.Namespace, loaded, lines: list[str], refs: list[str], systems) -> list[dict[str, Any]]:
+    """Each system's speed and BLEU at greedy and beam 5, batch 32 and batch 1."""
     rows = []
     for beam in (1, 5):
         for batch in (32, 1):
@@ -132,10 +135,22 @@ def run_decode(args: argparse.Namespace, loaded, lines: list[str], refs: list[st
                 + ", ".join(f"{k} {v['sentences_per_s']:.1f} sent/s BLEU {v['bleu']:.2f}" for k, v in out.items()),
                 flush=True,
             )
+    return rows
+
+
+def run_decode(args: argparse.Namespace, loaded, lines: list[str], refs: list[str]) -> list[dict[str, Any]]:
+    rows = decode_grid(args, loaded, lines, refs, decode_speed.peers(loaded, str(args.runs)))
     same = decode_speed.agreement(loaded, lines, refs, str(args.runs))
     rows.append({"agreement_alpha0": same})
     print(f"beam 5 without length normalisation: {same}", flush=True)
     return rows
+
+
+def run_int8(args: argparse.Namespace, loaded, lines: list[str], refs: list[str]) -> dict[str, Any]:
+    grid = decode_grid(args, loaded, lines, refs, decode_speed.int8_peers(loaded, str(args.runs)))
+    bleu = decode_speed.full_test_bleu(loaded, lines, refs, ("fp32", "int8"))
+    print(f"tfm test BLEU, all {len(lines)} lines: {bleu}", flush=True)
+    return {"grid": grid, "bleu_all_lines": bleu}
 
 
 def run_startup_memory(args: argparse.Namespace, ckpt: Path, sections: set[str]) -> dict[str, Any]:
@@ -230,6 +245,22 @@ def table(result: dict[str, Any]) -> str:
             f"{'  target tok/s tfm / transformers / ctranslate2':<60} {ours['tokens_per_s']:>10,.0f} "
             f"{r['transformers']['tokens_per_s']:>10,.0f} {r['ctranslate2']['tokens_per_s']:>7,.0f}"
         )
+    if "int8" in result:
+        for r in result["int8"]["grid"]:
+            search, ours, p = "greedy" if r["beam"] == 1 else f"beam {r['beam']}", r["tfm"], r["ctranslate2"]
+            name = f"int8 decode {search} batch {r['batch']} sent/s vs ctranslate2 int8"
+            ok = p["tfm_speedup"] >= t["int8_vs_ct2_int8"]
+            add(
+                f"{name:<60} {ours['sentences_per_s']:>10.1f} {p['sentences_per_s']:>10.1f} {p['tfm_speedup']:>6.2f}x "
+                f"{'>=' + str(t['int8_vs_ct2_int8']):>8} {_met(ok):>4}"
+            )
+        bleu = result["int8"]["bleu_all_lines"]
+        for search, fp32 in bleu["fp32"].items():
+            drop = fp32 - bleu["int8"][search]
+            add(
+                f"{'  tfm test BLEU fp32 / int8, ' + search:<60} {fp32:>10.2f} {bleu['int8'][search]:>10.2f} "
+                f"{'':>7} {'drop<=' + str(t['int8_bleu_drop']):>8} {_met(drop <= t['int8_bleu_drop']):>4}"
+            )
     s = result.get("startup_memory", {})
     if "help" in s:
         add(
@@ -268,7 +299,7 @@ def main() -> None:
     parser.add_argument("--data", default=DEFAULT_DATA, help="Multi30k folder")
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "bench", help="scratch folder")
     parser.add_argument("--json", type=Path, help="where to write the results (default: <runs>/results.json)")
-    parser.add_argument("--sections", default="train,decode,startup,memory,levers,contended")
+    parser.add_argument("--sections", default="train,decode,int8,startup,memory,levers,contended")
     parser.add_argument(
         "--same-process",
         action="store_true",
@@ -298,6 +329,8 @@ def main() -> None:
         result["train"] = run_train(args, tok, result["peaks_gflops"])
     if "decode" in sections:
         result["decode"] = run_decode(args, loaded, lines, refs)
+    if "int8" in sections:
+        result["int8"] = run_int8(args, loaded, lines, refs)
     if sections & {"startup", "memory"}:
         result["startup_memory"] = run_startup_memory(args, ckpt, sections)
     if "levers" in sections:

@@ -82,12 +82,12 @@ def run_eval(
         return
     if output_dir is not None:
         check_folder(output_dir if output_dir.exists() else output_dir.parent, "--output-dir")
-    from transformer.decoding.translator import Translator
-    from transformer.device import check_precision, resolve_device
+    from transformer.decoding.translator import Translator, check_decoding_precision
+    from transformer.device import resolve_device
     from transformer.text.corpus import load_split
 
     dev = resolve_device(device)
-    check_precision(precision, dev)
+    check_decoding_precision(precision, dev)
     path = checkpoint or ckpt.newest(runs)
     loaded = ckpt.load(path, dev)
     cfg = loaded.cfg

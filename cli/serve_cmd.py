@@ -69,15 +69,15 @@ def run_serve(
     except ImportError:
         fail(EXTRA)
     from transformer import checkpoint as ckpt
-    from transformer.decoding.translator import Translator
-    from transformer.device import check_precision, resolve_device
+    from transformer.decoding.translator import Translator, check_decoding_precision
+    from transformer.device import resolve_device
     from transformer.serving.batcher import Batcher
     from transformer.serving.checks import Limits
 
     if not 0 <= max_wait_ms <= 1000:
         fail(f"--max-wait-ms {max_wait_ms} is out of range; give 0 to 1000 (a few ms joins concurrent requests)")
     dev = resolve_device(device)
-    check_precision(precision, dev)
+    check_decoding_precision(precision, dev)
     sock = _bind(host, port)
     try:
         loaded = ckpt.load(checkpoint or ckpt.newest(runs), dev)

@@ -63,8 +63,8 @@ def run_translate(
 ) -> None:
     """Translate ``text``, ``--input`` or stdin into ``--output`` or stdout; every check comes before any work."""
     from transformer import checkpoint as ckpt
-    from transformer.decoding.translator import Translator
-    from transformer.device import check_precision, resolve_device
+    from transformer.decoding.translator import Translator, check_decoding_precision
+    from transformer.device import resolve_device
 
     if text is not None and input_ is not None:
         fail("give either a sentence or --input FILE, not both")
@@ -75,7 +75,7 @@ def run_translate(
     else:
         check_stdout()
     dev = resolve_device(device)
-    check_precision(precision, dev)
+    check_decoding_precision(precision, dev)
     loaded = ckpt.load(checkpoint or ckpt.newest(runs), dev)
     check_beam(beam, loaded.tokenizer.vocab_size)
     decode = decode_settings(loaded.cfg.decode, beam=beam, nbest=nbest, batch_tokens=batch_tokens, alpha=alpha)

@@ -162,7 +162,7 @@ def test_output_into_head_has_no_broken_pipe(trained, tmp_path):
             ],
             "precision: fp16 needs a CUDA GPU",
         ),
-        (["translate", "x", "--precision", "fp8"], "precision 'fp8' is not one of fp32, bf16, fp16"),
+        (["translate", "x", "--precision", "fp8"], "precision 'fp8' is not one of fp32, bf16, fp16, int8"),
         (["translate", "x", "--checkpoint", "/nonexistent"], "checkpoint '/nonexistent' not found"),
         (["translate", "x", "--runs", "/nonexistent"], "no checkpoint found"),
     ],

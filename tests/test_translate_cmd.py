@@ -126,3 +126,10 @@ def test_alpha_sets_the_length_penalty_of_nbest_scores(tiny_checkpoint):
 def test_a_length_penalty_below_0_or_not_finite_is_one_line(tiny_checkpoint, alpha):
     r = _translate(tiny_checkpoint, SENTENCE, "--alpha", alpha)
     assert r.exit_code == 2 and f"--alpha {alpha} is out of range; it must be 0 or more" in one_error_line(r.stderr)
+
+
+def test_int8_translates_a_file_line_for_line(tiny_checkpoint, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text(f"{SENTENCE}\n\nDer Hund läuft.\n", encoding="utf-8")
+    r = _translate(tiny_checkpoint, "--input", str(src), "--precision", "int8")
+    assert r.exit_code == 0 and len(r.stdout.split("\n")) == 4 and r.stdout.split("\n")[1] == ""

@@ -18,10 +18,11 @@ from typing import Iterable, Iterator
 import torch
 
 from transformer.config import DecodeConfig, check_decode
+from transformer.decoding.int8 import INT8, check_int8, int8_copy
 from transformer.decoding.search import Hypothesis, beam_search, greedy_search
 from transformer.decoding.speed import matmul_weights_in
-from transformer.device import PRECISIONS, autocast
-from transformer.errors import TranslateError
+from transformer.device import PRECISIONS, autocast, check_precision
+from transformer.errors import ConfigError, TranslateError
 from transformer.model.speed import shape_changing_attention
 from transformer.model.transformer import Transformer
 from transformer.process import decoding_threads
@@ -43,6 +44,16 @@ def clean_line(line: str) -> str:
     return _SPACES.sub(" ", line).strip()
 
 
+def check_decoding_precision(precision: str, device: torch.device) -> None:
+    """A precision to decode in: one that training knows (fp32, bf16, fp16), or int8 on the CPU."""
+    if precision == INT8:
+        check_int8(device)
+    elif precision in PRECISIONS:
+        check_precision(precision, device)
+    else:
+        raise ConfigError(f"precision '{precision}' is not one of {', '.join([*PRECISIONS, INT8])}; pick one of them")
+
+
 @dataclass
 class Translation:
     """The n-best hypotheses of one input line, best first, as text and scores."""
@@ -58,7 +69,8 @@ class Translation:
 
 class Translator:
     """A trained model with its tokenizer and decode settings (``decode``: beam, n-best, length penalty, lengths,
-    batch size: the one value every setting of a translation arrives in)."""
+    batch size: the one value every setting of a translation arrives in), decoding in ``precision``: fp32, bf16 or
+    fp16 (autocast, weights cast once), or int8 (transformer.decoding.int8)."""
 
     def __init__(
         self,
@@ -69,8 +81,13 @@ class Translator:
         device: torch.device,
         precision: str = "fp32",
     ) -> None:
-        p = PRECISIONS[precision]
-        self.model = matmul_weights_in(model, p.dtype) if p.mixed else model.eval()
+        check_decoding_precision(precision, device)
+        if precision == INT8:
+            self.model = int8_copy(model)
+        elif PRECISIONS[precision].mixed:
+            self.model = matmul_weights_in(model, PRECISIONS[precision].dtype)
+        else:
+            self.model = model.eval()
         self.tokenizer = tokenizer
         self.decode = check_decode(decode)
         self.max_positions = max_positions
@@ -101,7 +118,7 @@ class Translator:
         t = self.tokenizer
         d = self.decode
         with (
-            autocast(self.precision, self.device),
+            autocast("fp32" if self.precision == INT8 else self.precision, self.device),
             decoding_threads(self.device, src.size(0) * d.beam),
             shape_changing_attention(self.device),
         ):

@@ -71,13 +71,22 @@ def attention_probs(q: Tensor, k: Tensor, mask: Tensor | None, is_causal: bool, 
     return probs if rows is None else probs * rows
 
 
+class StackedLinear(nn.Linear):
+    """Linear maps stacked along the output, as W^Q, W^K, W^V are in nn.MultiheadAttention; ``part`` applies some."""
+
+    def part(self, x: Tensor, rows: slice) -> Tensor:
+        """x through the stacked maps' output rows ``rows`` alone."""
+        return F.linear(x, self.weight[rows], self.bias[rows])
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention: projections and head split/merge here, the attention itself in SDPA."""
 
     def __init__(self, d_model: int, h: int):
         super().__init__()
         self.h, self.d_k = h, d_model // h
-        self.in_proj = nn.Linear(d_model, 3 * d_model)  # W^Q, W^K, W^V stacked, as in nn.MultiheadAttention
+        self.query_rows, self.key_value_rows = slice(0, d_model), slice(d_model, 3 * d_model)
+        self.in_proj = StackedLinear(d_model, 3 * d_model)  # W^Q, W^K, W^V
         self.out_proj = nn.Linear(d_model, d_model)  # W^O
         self.record_weights = False
         self.weights: Tensor | None = None
@@ -93,13 +102,11 @@ class MultiHeadAttention(nn.Module):
 
     def q(self, x: Tensor) -> Tensor:
         """Query projection for cross-attention: [B, h, T, d_k]."""
-        d = self.h * self.d_k
-        return self._heads(F.linear(x, self.in_proj.weight[:d], self.in_proj.bias[:d]), 1)[0]
+        return self._heads(self.in_proj.part(x, self.query_rows), 1)[0]
 
     def kv(self, memory: Tensor) -> Tensor:
         """Key and value projections of the encoder output for cross-attention: [2, B, h, S, d_k]."""
-        d = self.h * self.d_k
-        return self._heads(F.linear(memory, self.in_proj.weight[d:], self.in_proj.bias[d:]), 2)
+        return self._heads(self.in_proj.part(memory, self.key_value_rows), 2)
 
     def attend(
         self,
