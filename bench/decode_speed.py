@@ -6,6 +6,10 @@ ctranslate2`` writes. All three use tfm's tokenizer, get the same batches (test 
 by length, cut into batches of 1 or 32) and are timed text in, text out. Output tokens are counted
 the same way for all: the tokenizer's tokens of the output text.
 
+Each system runs in a process of its own (bench.decode_worker), as users run them: in one process,
+CTranslate2's thread pool, once it has run with two threads, halved tfm's speed at batch 1 on a 2-core CPU.
+``own_processes(..., apart=False)`` keeps all in this one.
+
 Threads: tfm decodes as its Translator does (one CPU thread for batches under 64 rows, else all);
 the peers use torch's thread count. CTranslate2 loads its own OpenMP runtime with its default waiting;
 transformers shares torch's runtime with tfm, so both wait as the tfm command would make them
@@ -21,17 +25,20 @@ transformers and CTranslate2 by len ** ``length_penalty``; both peers stop a sen
 
 from __future__ import annotations
 
+import json
 import os
 import random
-import tempfile
-from collections.abc import Callable
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from bench import SPIN_SET_HERE
-from bench.common import interleave, paired_ratio
+from bench.common import ROOT, interleave, paired_ratio
 from bench.marian_peer import build_marian, copy_tfm_weights
 from transformer import checkpoint
 from transformer.decoding.export import export
@@ -207,24 +214,62 @@ def measure(
     return result
 
 
-def peers(loaded: checkpoint.Loaded, workdir: str | None = None) -> dict[str, Decoder]:
-    """tfm and both peers, ready to decode; the peers length-normalise with the checkpoint's alpha."""
-    length_penalty = loaded.cfg.decode.alpha
-    folder = Path(workdir or tempfile.mkdtemp(prefix="tfm-ct2-")) / "ct2"
-    return {
-        "tfm": tfm_decoder(loaded),
-        "transformers": marian_decoder(loaded, length_penalty),
-        "ctranslate2": ct2_decoder(loaded, folder, length_penalty),
-    }
+def build(loaded: checkpoint.Loaded, system: str, precision: str, alpha: float, workdir: Path) -> Decoder:
+    """``system`` (tfm, transformers or ctranslate2) in ``precision`` (fp32, or int8: tfm's and CTranslate2's own),
+    tfm with length penalty ``alpha`` and the peers with ``length_penalty`` alpha."""
+    loaded = replace(loaded, cfg=replace(loaded.cfg, decode=replace(loaded.cfg.decode, alpha=alpha)))
+    if system == "tfm":
+        return tfm_decoder(loaded, precision)
+    if system == "transformers" and precision == "fp32":
+        return marian_decoder(loaded, alpha)
+    if system == "ctranslate2":
+        folder = workdir / f"ct2-{precision}-{alpha}"
+        return ct2_decoder(loaded, folder, alpha, "int8" if precision == "int8" else "default")
+    raise ValueError(f"no decoding system {system} in {precision}")
 
 
-def int8_peers(loaded: checkpoint.Loaded, workdir: str) -> dict[str, Decoder]:
-    """tfm's int8 decoding (transformer.decoding.int8) and CTranslate2's int8, on the same weights."""
-    folder = Path(workdir) / "ct2"
-    return {
-        "tfm": tfm_decoder(loaded, "int8"),
-        "ctranslate2": ct2_decoder(loaded, folder, loaded.cfg.decode.alpha, "int8"),
+@contextmanager
+def own_processes(
+    loaded: checkpoint.Loaded, systems: tuple[str, ...], precision: str, alpha: float, workdir: Path, apart: bool = True
+) -> Iterator[dict[str, Decoder]]:
+    """``systems`` ready to decode, each in a worker process of its own (bench.decode_worker), or all in this one."""
+    if not apart:
+        yield {name: build(loaded, name, precision, alpha, workdir) for name in systems}
+        return
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "bench.decode_worker", str(loaded.path), name, precision, str(alpha), str(workdir)],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for name in systems
     }
+    try:
+        for w in procs.values():
+            if w.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"bench worker {w.args} did not start (its error is above)")
+
+        def proxy(w: subprocess.Popen) -> Decoder:
+            def decode(lines: list[str], beam: int) -> list[str]:
+                w.stdin.write(json.dumps({"lines": lines, "beam": beam}) + "\n")
+                w.stdin.flush()
+                if not (line := w.stdout.readline()):
+                    raise RuntimeError(f"bench worker {w.args} stopped (its error is above)")
+                return json.loads(line)
+
+            return decode
+
+        yield {name: proxy(w) for name, w in procs.items()}
+    finally:
+        for w in procs.values():
+            w.stdin.close()
+            w.wait()
+
+
+PEERS = ("tfm", "transformers", "ctranslate2")
+INT8_PEERS = ("tfm", "ctranslate2")  # transformers has no int8 decoding of its own on the CPU
 
 
 def full_test_bleu(
@@ -245,26 +290,21 @@ def full_test_bleu(
 
 
 def agreement(
-    loaded: checkpoint.Loaded, lines: list[str], refs: list[str], workdir: str
+    loaded: checkpoint.Loaded, lines: list[str], refs: list[str], workdir: Path, apart: bool = True
 ) -> dict[str, dict[str, float]]:
     """Beam 5, batch 32 over all ``lines`` with no length normalisation in any system (alpha 0, length_penalty 0).
 
     Without the one convention that differs, the three should translate alike: the share of
     outputs identical to tfm's, and each one's BLEU.
     """
-    plain = replace(loaded, cfg=replace(loaded.cfg, decode=replace(loaded.cfg.decode, alpha=0.0)))
-    systems = {
-        "tfm": tfm_decoder(plain),
-        "transformers": marian_decoder(plain, 0.0),
-        "ctranslate2": ct2_decoder(plain, Path(workdir) / "ct2", 0.0),
-    }
     groups = batches(lines, loaded.tokenizer, Setting(5, 32), len(lines))
     outputs = {}
-    for name, system in systems.items():
-        out: dict[int, str] = {}
-        for g in groups:
-            out.update(zip(g, system([lines[i] for i in g], 5)))
-        outputs[name] = [out[i] for i in range(len(lines))]
+    with own_processes(loaded, PEERS, "fp32", 0.0, workdir, apart) as systems:
+        for name, system in systems.items():
+            out: dict[int, str] = {}
+            for g in groups:
+                out.update(zip(g, system([lines[i] for i in g], 5)))
+            outputs[name] = [out[i] for i in range(len(lines))]
     tgt = loaded.cfg.data.tgt_lang
     return {
         name: {

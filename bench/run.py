@@ -139,15 +139,19 @@ def decode_grid(args: argparse.Namespace, loaded, lines: list[str], refs: list[s
 
 
 def run_decode(args: argparse.Namespace, loaded, lines: list[str], refs: list[str]) -> list[dict[str, Any]]:
-    rows = decode_grid(args, loaded, lines, refs, decode_speed.peers(loaded, str(args.runs)))
-    same = decode_speed.agreement(loaded, lines, refs, str(args.runs))
+    alpha, apart = loaded.cfg.decode.alpha, not args.same_process
+    with decode_speed.own_processes(loaded, decode_speed.PEERS, "fp32", alpha, args.runs, apart) as systems:
+        rows = decode_grid(args, loaded, lines, refs, systems)
+    same = decode_speed.agreement(loaded, lines, refs, args.runs, apart)
     rows.append({"agreement_alpha0": same})
     print(f"beam 5 without length normalisation: {same}", flush=True)
     return rows
 
 
 def run_int8(args: argparse.Namespace, loaded, lines: list[str], refs: list[str]) -> dict[str, Any]:
-    grid = decode_grid(args, loaded, lines, refs, decode_speed.int8_peers(loaded, str(args.runs)))
+    alpha, apart = loaded.cfg.decode.alpha, not args.same_process
+    with decode_speed.own_processes(loaded, decode_speed.INT8_PEERS, "int8", alpha, args.runs, apart) as systems:
+        grid = decode_grid(args, loaded, lines, refs, systems)
     bleu = decode_speed.full_test_bleu(loaded, lines, refs, ("fp32", "int8"))
     print(f"tfm test BLEU, all {len(lines)} lines: {bleu}", flush=True)
     return {"grid": grid, "bleu_all_lines": bleu}
@@ -303,7 +307,7 @@ def main() -> None:
     parser.add_argument(
         "--same-process",
         action="store_true",
-        help="train section: tfm and Marian in this one process, not each in its own",
+        help="train, decode and int8 sections: every system in this one process, not each in its own",
     )
     args = parser.parse_args()
     sections = set(args.sections.split(","))
@@ -323,6 +327,7 @@ def main() -> None:
         "targets": TARGETS,
         "checkpoint": str(ckpt) if ckpt else None,
         "checkpoint_step": loaded.meta.get("step") if loaded else None,
+        "processes": "one" if args.same_process else "own",  # of the train, decode and int8 sections' systems
         "peaks_gflops": {},
     }
     if "train" in sections:

@@ -1,0 +1,29 @@
+"""One decoding system in a process of its own, driven by bench.decode_speed's ``own_processes``.
+
+Loads CHECKPOINT, builds SYSTEM (tfm, transformers or ctranslate2) in PRECISION (fp32 or int8) with
+length penalty ALPHA (``decode_speed.build``), prints "ready", then answers each JSON line
+``{"lines": [...], "beam": k}`` on stdin with the JSON list of translations, until stdin closes.
+Importing the bench package sets OpenMP's waiting as in the parent.
+Run: python -m bench.decode_worker CHECKPOINT SYSTEM PRECISION ALPHA WORKDIR
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from bench import decode_speed
+from transformer import checkpoint
+
+
+def main(ckpt: str, system: str, precision: str, alpha: str, workdir: str) -> None:
+    decode = decode_speed.build(checkpoint.load(Path(ckpt)), system, precision, float(alpha), Path(workdir))
+    print("ready", flush=True)
+    for line in sys.stdin:
+        request = json.loads(line)
+        print(json.dumps(decode(request["lines"], request["beam"])), flush=True)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
