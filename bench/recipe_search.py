@@ -43,8 +43,9 @@ def _wait(procs: dict[str, subprocess.Popen]) -> dict[str, int]:
     return {name: p.wait() for name, p in procs.items()}
 
 
-def _log(run: Path) -> dict:
-    """Updates, stop reason, time split, validation curve and lowest validation nll of a run's log.jsonl."""
+def _log(run: Path, reach: float | None) -> dict:
+    """Updates, stop reason, time split, validation curve (by update and by minute since the start), lowest
+    validation nll of a run's log.jsonl, and the first minute its greedy validation BLEU reached ``reach``."""
     entries = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines() if line.strip()]
     valid = [e for e in entries if e.get("kind") == "valid"]
     end = next((e for e in entries if e.get("kind") == "end"), {})
@@ -58,7 +59,11 @@ def _log(run: Path) -> dict:
         ],
         "target_tokens_per_s": round(sum(trained) / len(trained)) if trained else None,
         "greedy_val_bleu": {e["step"]: e["valid_bleu"] for e in valid},
+        "greedy_val_bleu_by_minute": [[round(e["elapsed_s"] / 60, 2), e["valid_bleu"]] for e in valid],
         "valid_nll_lowest": min((round(e["valid_nll"], 3), e["step"]) for e in valid) if valid else None,
+        "minutes_to_reach": next((round(e["elapsed_s"] / 60, 2) for e in valid if e["valid_bleu"] >= reach), None)
+        if reach is not None
+        else None,
     }
 
 
@@ -68,7 +73,8 @@ def _score(folder: Path) -> dict | None:
     if not found:
         return None
     result = json.loads(found[0].read_text())
-    return {"bleu": result["bleu"], "chrf": result["chrf"], "beam": result["beam"], "alpha": result["alpha"]}
+    keys = ("bleu", "bleu_lc", "chrf", "beam", "alpha", "bleu_signature", "bleu_lc_signature")
+    return {k: result[k] for k in keys}
 
 
 def _evaluate(
@@ -108,6 +114,7 @@ def search(
     threads: int,
     common: list[str],
     test: bool,
+    reach: float | None = None,
 ) -> dict:
     """Train every variant (name: its overrides) side by side, score each on val, the best one on test if ``test``."""
     runs.mkdir(parents=True, exist_ok=True)
@@ -152,11 +159,19 @@ def search(
     averaged = _wait(averaged)
     pairs = [(n, "best") for n in trained] + [(n, AVG) for n in trained if averaged[n] == 0]
     val = _evaluate(runs, pairs, "valid", data, device, threads)
-    result = {"config": config, "device": device, "minutes": minutes, "threads": threads, "common": common, "runs": {}}
+    result = {
+        "config": config,
+        "device": device,
+        "minutes": minutes,
+        "threads": threads,
+        "common": common,
+        "reach": reach,
+        "runs": {},
+    }
     for name, sets in named.items():
         entry = {"set": sets, "exit_code": exit_codes[name]}
         if name in trained:
-            entry |= _log(runs / name)
+            entry |= _log(runs / name, reach)
             entry["val"] = {ck: val.get((name, ck)) for ck in ("best", AVG)}
         result["runs"][name] = entry
     scored = [(s["bleu"], pair) for pair, s in val.items() if s]
@@ -169,19 +184,22 @@ def search(
 
 
 def _table(result: dict) -> str:
-    rows = [f"variant              updates  minutes  val best/  val {AVG}"]
+    rows = [f"variant              updates  minutes  val best/  val {AVG}  minutes to reach {result['reach']}"]
     for name, r in result["runs"].items():
         if "val" not in r:
             rows.append(f"{name:20} training failed (exit {r['exit_code']})")
             continue
         bleu = [f"{s['bleu']:.2f}" if s else "-" for s in r["val"].values()]
-        rows.append(f"{name:20} {r['updates']:7}  {r['minutes']:7}  {bleu[0]:>9}  {bleu[1]:>8}")
+        rows.append(
+            f"{name:20} {r['updates']:7}  {r['minutes']:7}  {bleu[0]:>9}  {bleu[1]:>8}  {r['minutes_to_reach'] or '-'}"
+        )
     chosen = result.get("chosen_on_val")
     if chosen:
         rows.append(
             f"chosen on val: {chosen['run']}/{chosen['checkpoint']}"
             + (
-                f"; test BLEU {chosen['test']['bleu']:.2f}, chrF {chosen['test']['chrf']:.2f}"
+                f"; test BLEU {chosen['test']['bleu']:.2f} (lowercased {chosen['test']['bleu_lc']:.2f}), "
+                f"chrF {chosen['test']['chrf']:.2f}"
                 if chosen.get("test")
                 else ""
             )
@@ -206,12 +224,22 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--threads", type=int, default=1, help="OpenMP threads per process")
     p.add_argument("--test", action="store_true", help="score the one chosen on val on the test split")
     p.add_argument("--json", type=Path, help="write the result here too")
+    p.add_argument("--reach", type=float, help="report the first minute each run's greedy val BLEU reached this")
     args = p.parse_args(argv)
     named = {v.split()[0]: v.split()[1:] for v in args.variant if v.split()}
     if len(named) != len(args.variant):
         p.error("each --variant needs a name of its own")
     result = search(
-        args.config, named, args.data, args.runs, args.device, args.minutes, args.threads, args.common, args.test
+        args.config,
+        named,
+        args.data,
+        args.runs,
+        args.device,
+        args.minutes,
+        args.threads,
+        args.common,
+        args.test,
+        args.reach,
     )
     result = {
         "date": date.today().isoformat(),

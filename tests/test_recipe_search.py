@@ -42,6 +42,8 @@ def test_variants_are_compared_on_val_and_only_the_chosen_one_is_tested(tmp_path
             "--variant",
             "typo train.lerning_rate=1",
             "--test",
+            "--reach",
+            "0",
             "--json",
             str(tmp_path / "r.json"),
             *QUICK,
@@ -54,7 +56,10 @@ def test_variants_are_compared_on_val_and_only_the_chosen_one_is_tested(tmp_path
     assert len(scores) == 4
     chosen = result["chosen_on_val"]
     assert scores[(chosen["run"], chosen["checkpoint"])] == max(scores.values())
-    assert 0 <= chosen["test"]["bleu"] <= 100
+    assert 0 <= chosen["test"]["bleu"] <= 100 and "case:lc" in chosen["test"]["bleu_lc_signature"]
+    curve = plain["greedy_val_bleu_by_minute"]  # a validation at each of the 3 updates, then the final one
+    assert len(curve) >= 3 and [m for m, _ in curve] == sorted(m for m, _ in curve)
+    assert plain["minutes_to_reach"] == curve[0][0]  # every BLEU reaches 0
     assert [p.relative_to(runs).as_posix() for p in runs.glob("*/eval-*-test")] == [
         f"{chosen['run']}/eval-{chosen['checkpoint']}-test"
     ]

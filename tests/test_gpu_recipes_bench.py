@@ -1,0 +1,26 @@
+"""bench.gpu_recipes: every GPU variant is a valid config, and the search runs end to end on the CPU (--quick)."""
+
+from pathlib import Path
+
+import pytest
+
+from bench.gpu_recipes import DIRECTIONS, GPU, VARIANTS, main
+from transformer.config import load
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_every_variant_is_a_config_tfm_accepts(direction: str):
+    for name, sets in VARIANTS.items():
+        cfg = load(direction, [*GPU, *sets.split()])
+        assert cfg.train.max_steps == 20000, name
+
+
+def test_both_directions_search_train_score_on_val_and_test_the_chosen(multi30k_dir: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    args = ["--data", str(multi30k_dir), "--device", "cpu", "--quick", "--runs", str(tmp_path / "runs")]
+    results = main([*args, "--out", str(out), "--minutes", "2"])
+    assert sorted(p.name for p in out.glob("*.json")) == sorted(f"{d}.json" for d in DIRECTIONS)
+    for direction, result in results.items():
+        assert list(result["runs"]) == ["recipe"]
+        assert all(r["exit_code"] == 0 and r["updates"] == 2 for r in result["runs"].values()), direction
+        assert "bleu_lc" in result["chosen_on_val"]["test"]
