@@ -80,7 +80,7 @@ def test_generation_config_carries_tfms_decoding_defaults(saved, tmp_path):
     assert (gen.num_beams, gen.decoder_start_token_id, gen.eos_token_id, gen.pad_token_id) == (cfg.decode.beam, 1, 2, 0)
     assert gen.suppress_tokens == [0, 1]  # <PAD> and <START> are never generated
     assert gen.length_penalty == pytest.approx(2 * cfg.decode.alpha / 3, abs=1e-4)
-    rule = int(cfg.decode.max_len_a * cfg.data.max_len + cfg.decode.max_len_b) + 1  # tfm's, at the longest source
+    rule = int(cfg.decode.max_len_a * (cfg.data.max_len + 1) + cfg.decode.max_len_b) + 1  # longest source + <END>
     assert gen.max_new_tokens == min(rule, cfg.model.max_positions - 1)
 
 
