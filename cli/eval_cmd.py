@@ -113,7 +113,9 @@ def run_eval(
     reports = [out_dir / f"{stem}.hyp", out_dir / f"{stem}.json"]
     if not overwrite and (there := [r for r in reports if r.exists()]):
         fail(f"a report is already in {there[0]}; pass --overwrite to replace it, or --output-dir to write elsewhere")
-    translator = Translator(loaded.model, loaded.tokenizer, decode, cfg.model.max_positions, dev, precision)
+    translator = Translator(
+        loaded.model, loaded.tokenizer, decode, cfg.model.max_positions, dev, precision, cfg.data.lowercase
+    )
     hyps = [t.best for t in translator.translate(sources)]
     scores = score(hyps, references, cfg.data.tgt_lang, decode.bleu_tokenize)
     _print_scores(scores)

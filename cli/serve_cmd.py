@@ -83,7 +83,9 @@ def run_serve(
         loaded = ckpt.load(checkpoint or ckpt.newest(runs), dev)
         decode = decode_settings(loaded.cfg.decode, nbest=1, batch_tokens=batch_tokens)
         model, tokenizer = loaded.model, loaded.tokenizer
-        translator = Translator(model, tokenizer, decode, loaded.cfg.model.max_positions, dev, precision)
+        translator = Translator(
+            model, tokenizer, decode, loaded.cfg.model.max_positions, dev, precision, loaded.cfg.data.lowercase
+        )
         limits = Limits()
         batcher = Batcher(translator, max_wait_ms / 1000, limits.max_pending)
         try:

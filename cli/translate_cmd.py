@@ -79,7 +79,15 @@ def run_translate(
     loaded = ckpt.load(checkpoint or ckpt.newest(runs), dev)
     check_beam(beam, loaded.tokenizer.vocab_size)
     decode = decode_settings(loaded.cfg.decode, beam=beam, nbest=nbest, batch_tokens=batch_tokens, alpha=alpha)
-    translator = Translator(loaded.model, loaded.tokenizer, decode, loaded.cfg.model.max_positions, dev, precision)
+    translator = Translator(
+        loaded.model,
+        loaded.tokenizer,
+        decode,
+        loaded.cfg.model.max_positions,
+        dev,
+        precision,
+        loaded.cfg.data.lowercase,
+    )
     with contextlib.ExitStack() as stack:
         if text is not None:
             lines: Iterator[str] = _lines([os.fsencode(text)], "the sentence")  # argv keeps bad bytes as surrogates

@@ -110,3 +110,18 @@ def test_translator_input_path_never_crashes_the_tokenizer(sample_tokenizer, s):
     [ids] = sample_tokenizer.encode_batch([line])
     assert sample_tokenizer.unk_id not in ids
     assert sample_tokenizer.decode(ids) == sample_tokenizer.normalize(line)
+
+
+def test_a_model_trained_on_lowercased_text_gets_its_input_lowercased(translator):
+    lower = Translator(
+        translator.model,
+        translator.tokenizer,
+        translator.decode,
+        translator.max_positions,
+        translator.device,
+        lowercase=True,
+    )
+    lines = ["Ein Mann fährt Fahrrad.", "DER HUND LÄUFT IM PARK."]
+    want = [(o.texts, o.scores) for o in translator.translate_chunk([line.lower() for line in lines])]
+    assert [(o.texts, o.scores) for o in lower.translate_chunk(lines)] == want
+    assert [(o.texts, o.scores) for o in translator.translate_chunk(lines)] != want  # the cased input differs

@@ -121,7 +121,8 @@ def generation_defaults(cfg: Config, tok: Tokenizer) -> dict:
 
     tfm stops a translation at max_len_a * source length + max_len_b tokens; transformers knows no limit that
     depends on the source, so the export caps every output at that rule for the longest training source
-    (data.max_len tokens and its <END>), plus the <END> it generates, which keeps a model that repeats itself from running on to the position table's end.
+    (data.max_len tokens and its <END>), plus the <END> it generates, which keeps a model that repeats itself
+    from running on to the position table's end.
     tfm's length penalty is GNMT's ((5 + len) / 6) ** alpha; transformers divides by len ** length_penalty, so no
     setting is exact. The export takes length_penalty = 2/3 alpha, where the two grow alike with the length
     (d log / d log len equal at 10 tokens, a typical sentence). With alpha 0 and length_penalty 0 the two beam

@@ -70,7 +70,8 @@ class Translation:
 class Translator:
     """A trained model with its tokenizer and decode settings (``decode``: beam, n-best, length penalty, lengths,
     batch size: the one value every setting of a translation arrives in), decoding in ``precision``: fp32, bf16 or
-    fp16 (autocast, weights cast once), or int8 (transformer.decoding.int8)."""
+    fp16 (autocast, weights cast once), or int8 (transformer.decoding.int8). ``lowercase``: the model was trained on
+    lowercased text (data.lowercase), so input is lowercased as its training data was."""
 
     def __init__(
         self,
@@ -80,6 +81,7 @@ class Translator:
         max_positions: int,
         device: torch.device,
         precision: str = "fp32",
+        lowercase: bool = False,
     ) -> None:
         check_decoding_precision(precision, device)
         if precision == INT8:
@@ -93,6 +95,7 @@ class Translator:
         self.max_positions = max_positions
         self.device = device
         self.precision = precision
+        self.lowercase = lowercase
         self.warn = lambda msg: print(f"warning: {msg}", file=sys.stderr)
 
     def with_decode(self, decode: DecodeConfig) -> Translator:
@@ -138,7 +141,7 @@ class Translator:
 
     def translate_chunk(self, lines: list[str], first_line_no: int = 1) -> list[Translation]:
         """Translate a list of lines, returning one Translation per line in the same order."""
-        cleaned = [clean_line(line) for line in lines]
+        cleaned = [clean_line(line.lower() if self.lowercase else line) for line in lines]
         ids = self._ids(cleaned, first_line_no)
         out = [Translation([], []) for _ in lines]
         for batch in sorted_batches([len(seq) for seq in ids], self.decode.batch_tokens):

@@ -46,7 +46,9 @@ def valid_metrics(
     n = cfg.train.eval_sentences
     src, refs = list(valid.src[:n]), list(valid.tgt[:n])
     greedy = replace(cfg.decode, beam=1, nbest=1)
-    translator = Translator(model, tokenizer, greedy, cfg.model.max_positions, device, cfg.precision)
+    translator = Translator(
+        model, tokenizer, greedy, cfg.model.max_positions, device, cfg.precision, cfg.data.lowercase
+    )
     hyps = [t.best for t in translator.translate(src)]
     scores = score(hyps, refs, cfg.data.tgt_lang, cfg.decode.bleu_tokenize)
     model.train()
