@@ -35,10 +35,11 @@ SERVING = re.compile(r"serving .* on http://([\d.]+):(\d+) ")
 class Server:
     """``tfm serve`` of a checkpoint on a free port of 127.0.0.1, read from the line it prints."""
 
-    def __init__(self, checkpoint: Path, err: Path) -> None:
+    def __init__(self, checkpoint: Path, err: Path, server_args: list[str]) -> None:
         self.err = err
         with open(err, "w") as f:
             args = [*tfm_command(), "serve", "--checkpoint", str(checkpoint), "--port", "0", "--device", "cpu"]
+            args += server_args
             self.proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=f)
         while not (found := SERVING.search(err.read_text(encoding="utf-8"))):
             if self.proc.poll() is not None:
@@ -78,13 +79,15 @@ def translate_file(checkpoint: Path, path: Path) -> tuple[float, list[str]]:
     return time.perf_counter() - start, out.stdout.decode("utf-8").splitlines()
 
 
-def measure(checkpoint: Path, sentences: list[str], clients: list[int], rounds: int, work: Path) -> dict:
+def measure(
+    checkpoint: Path, sentences: list[str], clients: list[int], rounds: int, work: Path, server_args: list[str]
+) -> dict:
     """Each system's sentences/s (medians of ``rounds``), the seconds of every round (a shared machine's load shows
     there), and how many server answers differ from translate's lines."""
     text, empty = work / "input.de", work / "empty.de"
     text.write_text("\n".join(sentences) + "\n", encoding="utf-8")
     empty.write_text("", encoding="utf-8")
-    server = Server(checkpoint, work / "serve.err")
+    server = Server(checkpoint, work / "serve.err", server_args)
     try:
         server.translate(sentences[:16], 16)  # warm-up: first allocations, oneDNN's kernels
         names = ["translate", *[f"serve_{c}" for c in clients]]
@@ -125,12 +128,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path, default=ROOT / "runs" / "serve.json")
     parser.add_argument("--quick", action="store_true", help="40 sentences, one round")
+    parser.add_argument("--max-wait-ms", type=float, help="the server's --max-wait-ms (default: tfm serve's)")
     args = parser.parse_args(argv)
     n, rounds = (40, 1) if args.quick else (args.sentences, args.rounds)
     with gzip.open(Path(args.data) / f"test_2016_flickr.{args.src}.gz", "rt", encoding="utf-8") as f:
         sentences = f.read().splitlines()[:n]
     with tempfile.TemporaryDirectory() as work:
-        figures = measure(args.checkpoint, sentences, [int(c) for c in args.clients.split(",")], rounds, Path(work))
+        server_args = [] if args.max_wait_ms is None else ["--max-wait-ms", str(args.max_wait_ms)]
+        clients = [int(c) for c in args.clients.split(",")]
+        figures = measure(args.checkpoint, sentences, clients, rounds, Path(work), server_args)
     details = machine()
     record = {
         "date": datetime.date.today().isoformat(),
