@@ -12,8 +12,11 @@ import os
 import platform
 import resource
 import statistics
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -42,6 +45,38 @@ def interleave(systems: dict[str, Callable[[int], float | None]], rounds: int) -
             took = systems[name](r)
             times[name].append(took if took is not None else time.perf_counter() - start)
     return times
+
+
+@contextmanager
+def workers(commands: dict[str, list[str]]) -> Iterator[dict[str, Callable[[str], str]]]:
+    """``python -m <command>`` per name, each started and waited for until it prints "ready"; yields for each a
+    call that sends one line and returns the worker's one-line answer. The workers end when their stdin closes."""
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", *args], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        for name, args in commands.items()
+    }
+    try:
+        for w in procs.values():
+            if w.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"bench worker {w.args} did not start (its error is above)")
+
+        def ask(w: subprocess.Popen) -> Callable[[str], str]:
+            def send(line: str) -> str:
+                w.stdin.write(line + "\n")
+                w.stdin.flush()
+                if not (answer := w.stdout.readline()):
+                    raise RuntimeError(f"bench worker {w.args} stopped at {line[:40]!r} (its error is above)")
+                return answer
+
+            return send
+
+        yield {name: ask(w) for name, w in procs.items()}
+    finally:
+        for w in procs.values():
+            w.stdin.close()
+            w.wait()
 
 
 def median(xs: list[float]) -> float:

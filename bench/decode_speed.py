@@ -28,8 +28,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -38,7 +36,7 @@ from pathlib import Path
 import torch
 
 from bench import SPIN_SET_HERE
-from bench.common import ROOT, interleave, paired_ratio
+from bench.common import interleave, paired_ratio, workers
 from bench.marian_peer import build_marian, copy_tfm_weights
 from transformer import checkpoint
 from transformer.decoding.export import export
@@ -236,36 +234,13 @@ def own_processes(
     if not apart:
         yield {name: build(loaded, name, precision, alpha, workdir) for name in systems}
         return
-    procs = {
-        name: subprocess.Popen(
-            [sys.executable, "-m", "bench.decode_worker", str(loaded.path), name, precision, str(alpha), str(workdir)],
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for name in systems
-    }
-    try:
-        for w in procs.values():
-            if w.stdout.readline().strip() != "ready":
-                raise RuntimeError(f"bench worker {w.args} did not start (its error is above)")
+    commands = {n: ["bench.decode_worker", str(loaded.path), n, precision, str(alpha), str(workdir)] for n in systems}
+    with workers(commands) as ask:
 
-        def proxy(w: subprocess.Popen) -> Decoder:
-            def decode(lines: list[str], beam: int) -> list[str]:
-                w.stdin.write(json.dumps({"lines": lines, "beam": beam}) + "\n")
-                w.stdin.flush()
-                if not (line := w.stdout.readline()):
-                    raise RuntimeError(f"bench worker {w.args} stopped (its error is above)")
-                return json.loads(line)
+        def proxy(send: Callable[[str], str]) -> Decoder:
+            return lambda lines, beam: json.loads(send(json.dumps({"lines": lines, "beam": beam})))
 
-            return decode
-
-        yield {name: proxy(w) for name, w in procs.items()}
-    finally:
-        for w in procs.values():
-            w.stdin.close()
-            w.wait()
+        yield {name: proxy(send) for name, send in ask.items()}
 
 
 PEERS = ("tfm", "transformers", "ctranslate2")

@@ -11,8 +11,6 @@ each system in a process of its own, as users do (``own_processes``); bench.gpu 
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -22,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench.common import ROOT, interleave, median, paired_ratio
+from bench.common import interleave, median, paired_ratio, workers
 from bench.flops import train_flops
 from bench.marian_peer import build_marian, marian_logits
 from transformer.config import Config
@@ -189,36 +187,9 @@ def own_processes(
     with tempfile.TemporaryDirectory() as tmp:
         spec = Path(tmp) / "spec.pt"
         torch.save({"cfg": cfg, "tok": tok, "batches": batches, "precision": precision}, spec)
-        procs = {
-            name: subprocess.Popen(
-                [sys.executable, "-m", "bench.train_worker", name, str(spec)],
-                cwd=ROOT,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            for name in SYSTEMS
-        }
-        try:
-            for w in procs.values():
-                if w.stdout.readline().strip() != "ready":
-                    raise RuntimeError(f"bench worker {w.args} did not start")
-
-            def proxy(w: subprocess.Popen) -> Callable[[int], float]:
-                def run(r: int) -> float:
-                    w.stdin.write(f"{r}\n")
-                    w.stdin.flush()
-                    if not (line := w.stdout.readline()):
-                        raise RuntimeError(f"bench worker {w.args} stopped at step {r} (its error is above)")
-                    return float(line)
-
-                return run
-
-            yield {label: proxy(w) for label, w in procs.items()}
-        finally:
-            for w in procs.values():
-                w.stdin.close()
-                w.wait()
+        commands = {name: ["bench.train_worker", name, str(spec)] for name in SYSTEMS}
+        with workers(commands) as ask:
+            yield {name: (lambda r, send=send: float(send(str(r)))) for name, send in ask.items()}
 
 
 def measure(
