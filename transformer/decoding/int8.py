@@ -1,6 +1,6 @@
 """int8 decoding on the CPU: each Linear's weight stored in int8 and its input quantized at every call.
 
-The matmuls are PyTorch's dynamic quantized linear (FBGEMM on x86, QNNPACK on ARM): one operator that
+The matmuls are PyTorch's dynamic quantized linear on its quantized engine (FBGEMM on x86): one operator that
 quantizes its input per call, multiplies in int8 with int32 sums and returns fp32 with the bias added,
 so a decoding step has no more operators than in fp32. Weights get one scale per output row. The rest
 of the network (embeddings, LayerNorm, softmax, attention over the cached keys and values) stays fp32.
