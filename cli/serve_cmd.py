@@ -80,16 +80,22 @@ def run_serve(
     check_decoding_precision(precision, dev)
     sock = _bind(host, port)
     try:
-        loaded = ckpt.load(checkpoint or ckpt.newest(runs), dev)
-        decode = decode_settings(loaded.cfg.decode, nbest=1, batch_tokens=batch_tokens)
-        model, tokenizer = loaded.model, loaded.tokenizer
-        translator = Translator(
-            model, tokenizer, decode, loaded.cfg.model.max_positions, dev, precision, loaded.cfg.data.lowercase
-        )
+        served: list[ckpt.Loaded] = []  # the checkpoint the Batcher's thread loads, for the app
+
+        def load() -> Translator:
+            loaded = ckpt.load(checkpoint or ckpt.newest(runs), dev)
+            served.append(loaded)
+            cfg = loaded.cfg
+            decode = decode_settings(cfg.decode, nbest=1, batch_tokens=batch_tokens)
+            return Translator(
+                loaded.model, loaded.tokenizer, decode, cfg.model.max_positions, dev, precision, cfg.data.lowercase
+            )
+
         limits = Limits()
-        batcher = Batcher(translator, max_wait_ms / 1000, limits.max_pending)
+        batcher = Batcher(load, max_wait_ms / 1000, limits.max_pending)
         try:
-            _serve(create_app(loaded, batcher, limits), sock, limits.max_connections, f"serving {loaded.path} on")
+            app = create_app(served[0], batcher, limits)
+            _serve(app, sock, limits.max_connections, f"serving {served[0].path} on")
         finally:
             batcher.close()
     finally:

@@ -37,7 +37,7 @@ def translator(loaded) -> Translator:
 
 @pytest.fixture(scope="module")
 def url(loaded, translator):
-    batcher = Batcher(translator, max_wait=0.005, max_pending=64)
+    batcher = Batcher(lambda: translator, max_wait=0.005, max_pending=64)
     try:
         with in_thread(create_app(loaded, batcher, LIMITS)) as url:
             yield url

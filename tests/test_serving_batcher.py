@@ -1,5 +1,6 @@
-"""The Batcher: concurrent requests of one setting share a chunk, answers equal the Translator's, one request's
-failure (out of memory, a bug) stays its own, the queue is bounded and closing fails what waits."""
+"""The Batcher: it loads the model in its own thread; concurrent requests of one setting share a chunk, answers
+equal the Translator's, one request's failure (out of memory, a bug) stays its own, the queue is bounded and
+closing fails what waits."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def hold(batcher: Batcher) -> threading.Event:
 
 
 def test_requests_queued_together_share_one_chunk_and_get_the_translators_answers(translator):
-    batcher = Batcher(translator, max_wait=0.0, max_pending=100)
+    batcher = Batcher(lambda: translator, max_wait=0.0, max_pending=100)
     try:
         release = hold(batcher)
         futures = [batcher.translate([s], lengths(translator, [s]), translator.decode) for s in SENTENCES]
@@ -55,7 +56,7 @@ def test_requests_queued_together_share_one_chunk_and_get_the_translators_answer
 def test_different_settings_are_never_mixed_and_chunks_stay_within_the_token_budget(translator):
     budget = sum(lengths(translator, SENTENCES[:2]))
     small = translator.with_decode(dataclasses.replace(translator.decode, batch_tokens=budget))
-    batcher = Batcher(small, max_wait=0.0, max_pending=100)
+    batcher = Batcher(lambda: small, max_wait=0.0, max_pending=100)
     greedy = dataclasses.replace(small.decode, beam=1)
     try:
         release = hold(batcher)
@@ -80,7 +81,7 @@ def test_out_of_memory_fails_only_the_request_that_fails_alone(translator, monke
         return real(self, lines, first_line_no)
 
     monkeypatch.setattr(Translator, "translate_chunk", short_of_memory)
-    batcher = Batcher(translator, max_wait=0.0, max_pending=100)
+    batcher = Batcher(lambda: translator, max_wait=0.0, max_pending=100)
     try:
         release = hold(batcher)
         lines = [["Ein Mann."], ["Riesig"], ["Der Hund."]]
@@ -107,7 +108,7 @@ def test_a_bug_fails_its_chunk_and_the_worker_goes_on(translator, monkeypatch):
         return real(self, lines, first_line_no)
 
     monkeypatch.setattr(Translator, "translate_chunk", broken_once)
-    batcher = Batcher(translator, max_wait=0.0, max_pending=100)
+    batcher = Batcher(lambda: translator, max_wait=0.0, max_pending=100)
     try:
         with pytest.raises(ValueError, match="a bug"):
             batcher.translate(["Ein Mann."], [3], translator.decode).result(30)
@@ -119,7 +120,7 @@ def test_a_bug_fails_its_chunk_and_the_worker_goes_on(translator, monkeypatch):
 
 
 def test_the_queue_is_bounded_by_sentences(translator):
-    batcher = Batcher(translator, max_wait=0.0, max_pending=3)
+    batcher = Batcher(lambda: translator, max_wait=0.0, max_pending=3)
     try:
         release = hold(batcher)
         first = batcher.translate(["a", "b"], [1, 1], translator.decode)
@@ -134,7 +135,7 @@ def test_the_queue_is_bounded_by_sentences(translator):
 
 
 def test_a_request_whose_client_left_is_skipped(translator):
-    batcher = Batcher(translator, max_wait=0.0, max_pending=100)
+    batcher = Batcher(lambda: translator, max_wait=0.0, max_pending=100)
     try:
         release = hold(batcher)
         gone = batcher.translate(["Ein Mann."], [3], translator.decode)
@@ -147,7 +148,7 @@ def test_a_request_whose_client_left_is_skipped(translator):
 
 
 def test_close_fails_what_waits_finishes_what_runs_and_refuses_more(translator):
-    batcher = Batcher(translator, max_wait=0.0, max_pending=100)
+    batcher = Batcher(lambda: translator, max_wait=0.0, max_pending=100)
     release = hold(batcher)
     waiting = batcher.translate(["Ein Mann."], [3], translator.decode)
     closer = threading.Thread(target=batcher.close)
@@ -159,3 +160,34 @@ def test_close_fails_what_waits_finishes_what_runs_and_refuses_more(translator):
     assert not closer.is_alive() and not batcher.alive
     with pytest.raises(Closed):
         batcher.translate(["Ein Mann."], [3], translator.decode)
+
+
+def test_the_worker_loads_the_model_and_translates_in_its_own_thread(translator, monkeypatch):
+    """All of the model's tensor work happens in one thread, which then owns OpenMP's only pool of threads."""
+    threads = []
+    real = Translator.translate_chunk
+
+    def load() -> Translator:
+        threads.append(threading.current_thread())
+        return translator
+
+    def noted(self, lines, first_line_no=1):
+        threads.append(threading.current_thread())
+        return real(self, lines, first_line_no)
+
+    monkeypatch.setattr(Translator, "translate_chunk", noted)
+    batcher = Batcher(load, max_wait=0.0, max_pending=100)
+    try:
+        assert batcher.translator is translator
+        batcher.translate(["Ein Mann."], [3], translator.decode).result(30)
+        assert len(threads) == 2 and threads[0] is threads[1] is not threading.current_thread()
+    finally:
+        batcher.close()
+
+
+def test_a_failed_load_is_raised_by_the_constructor():
+    def load() -> Translator:
+        raise FileNotFoundError("no checkpoint here")
+
+    with pytest.raises(FileNotFoundError, match="no checkpoint here"):
+        Batcher(load, max_wait=0.0, max_pending=100)

@@ -1,7 +1,8 @@
 """The HTTP app of ``tfm serve`` on Starlette: the JSON API, the page, and every refusal as one line of JSON.
 
 ``POST /translate`` and ``POST /attention`` are checked (checks.py) and queued on the Batcher, whose thread owns
-the model; the event loop only awaits the result, so many clients wait at once while one chunk is translated.
+the model and does all its tensor work; the event loop only awaits the result, so many clients wait at once while
+one chunk is translated.
 """
 
 from __future__ import annotations
@@ -87,19 +88,17 @@ def create_app(loaded: Loaded, batcher: Batcher, limits: Limits) -> Starlette:
         req = check_attention(read_json(await _body(request, limits.max_body)), tokenizer, max_positions, cfg.model.N)
         d = cfg.decode
 
-        def draw() -> Any:
-            return attention_maps(loaded.model, tokenizer, req.text, "cross", req.layer - 1, d.max_len_a, d.max_len_b)
-
-        maps = await asyncio.wrap_future(batcher.run(draw))
-        return JSONResponse(
-            {
+        def draw() -> dict[str, Any]:
+            maps = attention_maps(loaded.model, tokenizer, req.text, "cross", req.layer - 1, d.max_len_a, d.max_len_b)
+            return {
                 "translation": maps.translation,
                 "layer": maps.layer + 1,
                 "source": maps.cols,
                 "output": maps.rows,
                 "weights": maps.weights.double().round(decimals=4).tolist(),
             }
-        )
+
+        return JSONResponse(await asyncio.wrap_future(batcher.run(draw)))
 
     async def health(request: Request) -> JSONResponse:
         if not batcher.alive:

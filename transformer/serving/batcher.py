@@ -1,5 +1,8 @@
 """One worker thread owns the model and drains a queue of requests, translating concurrent ones together.
 
+The worker also loads the model: the thread that does a process's first parallel torch work keeps OpenMP's pool
+of threads for it, and a second such thread (the main one, having loaded the checkpoint) would make two pools
+contend for the cores, which OpenMP answers by waking its threads from sleep for every operation.
 The worker takes the oldest request, waits up to ``max_wait`` seconds for more with the same decode settings
 until their source tokens reach the Translator's ``batch_tokens``, and translates them as one chunk (sorted and
 batched by tokens inside, as a file is). Out of memory on a joint chunk retries each request alone, so only
@@ -49,9 +52,9 @@ class _Job:
 class Batcher:
     """The model's one worker thread and its queue: ``translate`` and ``run`` return futures the worker completes."""
 
-    def __init__(self, translator: Translator, max_wait: float, max_pending: int) -> None:
-        self.translator = translator
-        self.max_tokens = translator.decode.batch_tokens
+    def __init__(self, load: Callable[[], Translator], max_wait: float, max_pending: int) -> None:
+        """Start the worker, which first calls ``load`` for the Translator; returns once it has, raising what
+        ``load`` raised."""
         self.max_wait = max_wait
         self.max_pending = max_pending
         self.pending = 0  # sentences in the queue
@@ -59,8 +62,11 @@ class Batcher:
         self._jobs: deque[_Job] = deque()
         self._ready = threading.Condition()
         self._closed = False
-        self._thread = threading.Thread(target=self._work, name="tfm-serve-model", daemon=True)
+        loading: Future[Translator] = Future()
+        self._thread = threading.Thread(target=self._work, args=(load, loading), name="tfm-serve-model", daemon=True)
         self._thread.start()
+        self.translator = loading.result()
+        self.max_tokens = self.translator.decode.batch_tokens
 
     @property
     def alive(self) -> bool:
@@ -100,7 +106,12 @@ class Batcher:
                 job.future.set_exception(Closed("the server stopped before this request was translated"))
         self._thread.join()
 
-    def _work(self) -> None:
+    def _work(self, load: Callable[[], Translator], loading: Future[Translator]) -> None:
+        try:
+            loading.set_result(load())
+        except BaseException as e:  # noqa: BLE001 - the constructor raises it in the caller's thread
+            loading.set_exception(e)
+            return
         while (jobs := self._next()) is not None:
             jobs = [j for j in jobs if j.future.set_running_or_notify_cancel()]  # a client that left is skipped
             if len(jobs) == 1 and jobs[0].call is not None:
