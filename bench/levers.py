@@ -3,9 +3,9 @@
 "Without" is switched through the library's public API or the environment, never by patching it:
 PyTorch's per-tensor Adam, nn.Dropout in place of model.speed.Dropout, whole logits scored by
 ``label_smoothed_nll``, libgomp's OpenMP defaults (each side a process of its own), batches in input
-order, and torch's topk in place of the block-wise one. A speedup above 1 means the lever wins;
-decoding levers also report whether outputs stayed the same. A lever that can no longer be switched
-off is measured once, recorded in bench/results/, and left out of this suite.
+order, torch's topk in place of the block-wise one, and the output table as stored. A speedup above 1
+means the lever wins; decoding levers also report whether outputs stayed the same. A lever that can no
+longer be switched off is measured once, recorded in bench/results/, and left out of this suite.
 
 Run: python -m bench.levers --checkpoint DIR [--data DIR] [--quick] [--sections levers,contended,compile]
 """
@@ -31,8 +31,9 @@ from bench.train_speed import bench_batches, model_factory, optimizer, tfm_step
 from transformer import checkpoint
 from transformer.config import Config, DataConfig
 from transformer.decoding.search import greedy_search
-from transformer.decoding.speed import row_topk
+from transformer.decoding.speed import row_topk, with_transposed_generator
 from transformer.model.speed import Dropout
+from transformer.model.transformer import Transformer
 from transformer.process import OMP_KEYS, SHARED_CPU
 from transformer.text.batching import Batch, source_tensor
 from transformer.text.corpus import load_split
@@ -240,6 +241,24 @@ def decoding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[d
     return [lever_row("sort by length before batching", "greedy, batch 32", times, outs["without"] == outs["with"])]
 
 
+def output_table(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[dict[str, Any]]:
+    """Greedy search one sentence at a time, where the generator weighs most in a step, with the output table as
+    stored (tied to the embeddings) and transposed once (with_transposed_generator)."""
+    tok, model = loaded.tokenizer, loaded.model.eval()
+    models = {"without": model, "with": with_transposed_generator(model)}
+    ids = tok.encode_batch(lines)
+    chunks = [ids[k : k + 16] for k in range(0, len(ids), 16)][:rounds]  # 16 lines a round
+    s, e = tok.start_id, tok.end_id
+
+    def by_line(m: Transformer) -> Callable[[int], list[list[int]]]:
+        return lambda r: [greedy_search(m, source_tensor([x], tok), s, e)[0].tokens for x in chunks[r]]
+
+    outs: dict[str, dict[int, Any]] = {"without": {}, "with": {}}
+    times = interleave({k: recording(by_line(m), outs[k]) for k, m in models.items()}, len(chunks))
+    same = outs["without"] == outs["with"]
+    return [lever_row("output table transposed once (CPU fp32 decoding)", "greedy, batch 1", times, same)]
+
+
 def measure(loaded: checkpoint.Loaded, data: str, lines: list[str], quick: bool, cache: str) -> list[dict[str, Any]]:
     """Every lever above but torch.compile, on the small shape's training batches and the test set's lines."""
     rounds = 4 if quick else 8
@@ -250,6 +269,7 @@ def measure(loaded: checkpoint.Loaded, data: str, lines: list[str], quick: bool,
         + training(cfg, loaded.tokenizer, batches, rounds)
         + search_kernels(loaded, lines, rounds)
         + decoding(loaded, lines, rounds)
+        + output_table(loaded, lines, rounds)
     )
 
 

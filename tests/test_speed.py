@@ -1,10 +1,13 @@
 """Speed-only code computes what the plain PyTorch it stands for computes: dropout, block-wise top-k and argmax,
-the CPU no-mask shortcut (tested in test_model), fused Adam where torch has it, and SDPA kernel choices on CUDA."""
+the transposed output table, the CPU no-mask shortcut (tested in test_model), fused Adam where torch has it, and
+SDPA kernel choices on CUDA."""
 
 import torch
 
-from transformer.decoding.speed import row_topk
+from transformer.decoding.search import beam_search, greedy_search
+from transformer.decoding.speed import TransposedGenerator, row_topk, with_transposed_generator
 from transformer.model.speed import FLASH_FROM_LENGTH, Dropout, shape_changing_attention, training_attention
+from transformer.model.transformer import Transformer
 from transformer.training.schedule import fused_adam
 
 
@@ -69,3 +72,21 @@ def test_training_leaves_flash_out_below_256_positions_and_cudnn_always():
     with training_attention(torch.device("cpu"), 8):
         assert _sdpa_flags() == (True, True, True, True)
     assert _sdpa_flags() == (True, True, True, True)
+
+
+def test_the_transposed_output_table_decodes_as_the_tied_one_and_leaves_the_model_alone():
+    """with_transposed_generator: the same logits (to float rounding) and hypotheses, every other module shared,
+    the original still tied; applied twice, once."""
+    torch.manual_seed(0)
+    model = Transformer(300, 300, 0, N=2, d_model=32, d_ff=64, h=4, dropout=0.0).eval()
+    fast = with_transposed_generator(model)
+    assert isinstance(fast.generator, TransposedGenerator) and with_transposed_generator(fast) is fast
+    assert model.generator.weight is model.src_embed.weight and fast.src_embed is model.src_embed
+    assert all(getattr(fast, name) is module for name, module in model.named_children() if name != "generator")
+    x = torch.randn(5, 32)
+    torch.testing.assert_close(fast.generator(x), model.generator(x))
+    src = torch.randint(3, 300, (6, 9))
+    want = [(h.tokens, round(h.score, 4)) for h in greedy_search(model, src, 1, 2, max_len_b=12)]
+    assert [(h.tokens, round(h.score, 4)) for h in greedy_search(fast, src, 1, 2, max_len_b=12)] == want
+    want = [[h.tokens for h in hs] for hs in beam_search(model, src, 1, 2, beam=4, nbest=2, max_len_b=12)]
+    assert [[h.tokens for h in hs] for hs in beam_search(fast, src, 1, 2, beam=4, nbest=2, max_len_b=12)] == want

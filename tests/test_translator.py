@@ -18,11 +18,23 @@ SENTENCES = ["Ein Mann fährt Fahrrad.", "A man rides a bike.", "Der Hund läuft
 
 
 @pytest.fixture(scope="module")
-def translator(tmp_path_factory):
-    cfg = tiny_config(tmp_path_factory.mktemp("t"), decode={"max_len_b": 4, "batch_tokens": 64})
-    tok = Tokenizer.train(SENTENCES, vocab_size=cfg.tokenizer.vocab_size)
+def cfg(tmp_path_factory):
+    return tiny_config(tmp_path_factory.mktemp("t"), decode={"max_len_b": 4, "batch_tokens": 64})
+
+
+@pytest.fixture(scope="module")
+def tok(cfg):
+    return Tokenizer.train(SENTENCES, vocab_size=cfg.tokenizer.vocab_size)
+
+
+@pytest.fixture(scope="module")
+def model(cfg, tok):
     torch.manual_seed(0)
-    model = build_model(cfg.model, tok.vocab_size, tok.pad_id)
+    return build_model(cfg.model, tok.vocab_size, tok.pad_id)
+
+
+@pytest.fixture(scope="module")
+def translator(cfg, tok, model):
     t = Translator(model, tok, cfg.decode, cfg.model.max_positions, torch.device("cpu"))
     t.warn = lambda msg: None
     return t
@@ -86,9 +98,8 @@ def test_any_unicode_gives_one_line_per_input(translator, lines):
     assert all("\n" not in o.best for o in out)
 
 
-def test_half_precision_casts_weights_once_and_translates_as_autocast(translator):
+def test_half_precision_casts_weights_once_and_translates_as_autocast(translator, model):
     """bf16 decoding on a copy with bf16 Linear weights: the same output as autocast over the fp32 model."""
-    model = translator.model
     half = matmul_weights_in(model, torch.bfloat16)
     assert {m.weight.dtype for m in half.modules() if isinstance(m, torch.nn.Linear)} == {torch.bfloat16}
     assert half.src_embed.weight.dtype == torch.float32 and model.generator.weight.dtype == torch.float32
@@ -97,8 +108,10 @@ def test_half_precision_casts_weights_once_and_translates_as_autocast(translator
     t = Translator(model, translator.tokenizer, decode, translator.max_positions, torch.device("cpu"), "bf16")
     assert t.model is not model
     lines = SENTENCES[:8]
+    fp32 = Translator(model, translator.tokenizer, decode, translator.max_positions, torch.device("cpu"))
+    assert fp32.model.generator is not model.generator  # fp32 on the CPU: the output table transposed
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        want = [(o.texts, o.scores) for o in with_decode(translator, beam=3, nbest=2).translate_chunk(lines)]
+        want = [(o.texts, o.scores) for o in fp32.translate_chunk(lines)]
     assert [(o.texts, o.scores) for o in t.translate_chunk(lines)] == want
 
 

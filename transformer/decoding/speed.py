@@ -46,3 +46,30 @@ def matmul_weights_in(model: Transformer, dtype: torch.dtype) -> Transformer:
         if isinstance(module, nn.Linear):
             module.to(dtype)
     return half
+
+
+class TransposedGenerator(nn.Module):
+    """The output projection x W^T with W^T kept contiguous ([d_model, V]) rather than W as stored ([V, d_model]).
+
+    W is the embedding table (tied), laid out for embedding lookups. On the CPU, the matmul of a decoding
+    step's few rows against the stored table takes a slower path than against its transpose made
+    contiguous once; the product is the same up to float rounding.
+    """
+
+    def __init__(self, weight: Tensor):
+        super().__init__()
+        self.register_buffer("weight_t", weight.detach().t().contiguous(), persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x @ self.weight_t
+
+
+def with_transposed_generator(model: Transformer) -> Transformer:
+    """``model`` for fp32 decoding on the CPU: a shallow copy sharing every module and parameter but the generator,
+    which is a TransposedGenerator of the same weight (one more copy of the output table, none of the rest)."""
+    if isinstance(model.generator, TransposedGenerator):
+        return model
+    fast = copy.copy(model)
+    fast._modules = dict(model._modules)
+    fast.generator = TransposedGenerator(model.generator.weight)
+    return fast

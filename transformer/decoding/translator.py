@@ -20,7 +20,7 @@ import torch
 from transformer.config import DecodeConfig, check_decode
 from transformer.decoding.int8 import INT8, check_int8, int8_copy
 from transformer.decoding.search import Hypothesis, beam_search, greedy_search
-from transformer.decoding.speed import matmul_weights_in
+from transformer.decoding.speed import matmul_weights_in, with_transposed_generator
 from transformer.device import PRECISIONS, autocast, check_precision
 from transformer.errors import ConfigError, TranslateError
 from transformer.model.speed import shape_changing_attention
@@ -69,8 +69,9 @@ class Translation:
 
 class Translator:
     """A trained model with its tokenizer and decode settings (``decode``: beam, n-best, length penalty, lengths,
-    batch size: the one value every setting of a translation arrives in), decoding in ``precision``: fp32, bf16 or
-    fp16 (autocast, weights cast once), or int8 (transformer.decoding.int8). ``lowercase``: the model was trained on
+    batch size: the one value every setting of a translation arrives in), decoding in ``precision``: fp32 (on the
+    CPU with the output table transposed once, decoding.speed), bf16 or fp16 (autocast, weights cast once), or int8
+    (transformer.decoding.int8). ``lowercase``: the model was trained on
     lowercased text (data.lowercase), so input is lowercased as its training data was."""
 
     def __init__(
@@ -88,6 +89,8 @@ class Translator:
             self.model = int8_copy(model)
         elif PRECISIONS[precision].mixed:
             self.model = matmul_weights_in(model, PRECISIONS[precision].dtype)
+        elif device.type == "cpu":
+            self.model = with_transposed_generator(model.eval())
         else:
             self.model = model.eval()
         self.tokenizer = tokenizer
