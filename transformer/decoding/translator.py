@@ -71,8 +71,8 @@ class Translator:
     """A trained model with its tokenizer and decode settings (``decode``: beam, n-best, length penalty, lengths,
     batch size: the one value every setting of a translation arrives in), decoding in ``precision``: fp32 (on the
     CPU with the output table transposed once, decoding.speed), bf16 or fp16 (autocast, weights cast once), or int8
-    (transformer.decoding.int8). ``lowercase``: the model was trained on
-    lowercased text (data.lowercase), so input is lowercased as its training data was."""
+    (transformer.decoding.int8). ``lowercase``: the model was trained on lowercased text (data.lowercase), so input
+    is lowercased as its training data was."""
 
     def __init__(
         self,
