@@ -5,7 +5,9 @@ closing fails what waits."""
 from __future__ import annotations
 
 import dataclasses
+import signal
 import threading
+import time
 
 import pytest
 import torch
@@ -191,3 +193,24 @@ def test_a_failed_load_is_raised_by_the_constructor():
 
     with pytest.raises(FileNotFoundError, match="no checkpoint here"):
         Batcher(load, max_wait=0.0, max_pending=100)
+
+
+def test_ctrl_c_while_loading_stops_the_worker_once_it_has_loaded(translator):
+    """The worker is not left inside torch when the process exits (that aborts it): it finishes loading, then stops."""
+    loading, loaded = threading.Event(), threading.Event()
+
+    def load() -> Translator:
+        loading.set()
+        time.sleep(0.3)
+        loaded.set()
+        return translator
+
+    def interrupt() -> None:
+        loading.wait(30)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    threading.Thread(target=interrupt).start()
+    with pytest.raises(KeyboardInterrupt):
+        Batcher(load, max_wait=0.0, max_pending=100)
+    assert loaded.is_set()
+    assert not any(t.name == "tfm-serve-model" for t in threading.enumerate())

@@ -65,7 +65,11 @@ class Batcher:
         loading: Future[Translator] = Future()
         self._thread = threading.Thread(target=self._work, args=(load, loading), name="tfm-serve-model", daemon=True)
         self._thread.start()
-        self.translator = loading.result()
+        try:
+            self.translator = loading.result()
+        except KeyboardInterrupt:  # Ctrl-C while loading: exiting with the worker inside torch would abort
+            self.close()  # the process, so the worker stops once it has loaded
+            raise
         self.max_tokens = self.translator.decode.batch_tokens
 
     @property
