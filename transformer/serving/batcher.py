@@ -3,6 +3,7 @@
 The worker also loads the model: the thread that does a process's first parallel torch work keeps OpenMP's pool
 of threads for it, and a second such thread (the main one, having loaded the checkpoint) would make two pools
 contend for the cores, which OpenMP answers by waking its threads from sleep for every operation.
+
 The worker takes the oldest request, waits up to ``max_wait`` seconds for more with the same decode settings
 until their source tokens reach the Translator's ``batch_tokens``, and translates them as one chunk (sorted and
 batched by tokens inside, as a file is). Out of memory on a joint chunk retries each request alone, so only
