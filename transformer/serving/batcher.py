@@ -65,11 +65,12 @@ class Batcher:
         self._closed = False
         loading: Future[Translator] = Future()
         self._thread = threading.Thread(target=self._work, args=(load, loading), name="tfm-serve-model", daemon=True)
-        self._thread.start()
         try:
+            self._thread.start()
             self.translator = loading.result()
-        except KeyboardInterrupt:  # Ctrl-C while loading: exiting with the worker inside torch would abort
-            self.close()  # the process, so the worker stops once it has loaded
+        except KeyboardInterrupt:  # Ctrl-C while starting or loading: exiting with the worker inside torch would
+            if self._thread.is_alive():  # abort the process, so the worker stops once it has loaded
+                self.close()
             raise
         self.max_tokens = self.translator.decode.batch_tokens
 
