@@ -243,6 +243,7 @@ def attention(
             -1 if layer is None else layer - 1,
             d.max_len_a,
             d.max_len_b,
+            loaded.cfg.data.lowercase,
         )
         path = plot_attention(maps, output, None if head == "all" else int(head) - 1)
     print(path)

@@ -3,6 +3,7 @@ and the training config."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -39,3 +40,10 @@ def test_card_carries_each_eval_report_with_its_signature_and_command(tiny_check
     assert f"| test_2016_flickr | 40.64 | 42.10 | 61.50 | 5 | 3.0 | `tfm eval --checkpoint {ckpt}` |" in card
     assert "- `nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.5.1`" in card
     assert "Not scored yet" not in card
+
+
+def test_card_of_a_model_trained_on_lowercased_text_says_to_lowercase_the_input(tiny_checkpoint):
+    loaded = checkpoint.load(tiny_checkpoint)
+    assert "lowercase each sentence" not in model_card(loaded)
+    lowercased = dataclasses.replace(loaded.cfg, data=dataclasses.replace(loaded.cfg.data, lowercase=True))
+    assert "lowercase each sentence before the tokenizer" in model_card(dataclasses.replace(loaded, cfg=lowercased))

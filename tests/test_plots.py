@@ -80,6 +80,14 @@ def test_attention_one_head_and_all_heads(ckpt, tmp_path):
     assert decoder.cols[0] == "<START>" and len(decoder.cols) == len(decoder.rows)
 
 
+def test_a_model_trained_on_lowercased_text_is_shown_its_input_lowercased(ckpt):
+    loaded = checkpoint.load(ckpt)
+    shouted = plots.attention_maps(loaded.model, loaded.tokenizer, SENTENCE.upper(), lowercase=True)
+    lowered = plots.attention_maps(loaded.model, loaded.tokenizer, SENTENCE.lower())
+    assert shouted.cols == lowered.cols and shouted.weights.equal(lowered.weights)
+    assert plots.attention_maps(loaded.model, loaded.tokenizer, SENTENCE.upper()).cols != lowered.cols
+
+
 @needs_matplotlib
 def test_cli_attention_and_plot(ckpt, tmp_path):
     cli = CliRunner()

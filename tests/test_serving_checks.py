@@ -91,6 +91,18 @@ def test_the_position_rule_is_the_translators(sample_tokenizer):
     assert refused(check_translate, {"text": [line]}, LIMITS, sample_tokenizer, n, DECODE).status == 422
 
 
+def test_a_lowercased_models_lines_are_measured_lowercased(sample_tokenizer):
+    """The server counts the tokens the Translator will encode: for a model trained on lowercased text, those of the
+    lowercased line, so the position rule refuses what the model would not fit and nothing else."""
+    line = "DER MANN FÄHRT MIT DEM FAHRRAD."
+    cased, lower = len(sample_tokenizer.encode(line)), len(sample_tokenizer.encode(line.lower()))
+    assert cased != lower
+    req = check_translate({"text": [line]}, LIMITS, sample_tokenizer, lower + 1, DECODE, lowercase=True)
+    assert req.lengths == [lower]
+    assert refused(check_translate, {"text": [line]}, LIMITS, sample_tokenizer, lower, DECODE, True).status == 422
+    assert check_attention({"text": line}, sample_tokenizer, lower + 1, 2, lowercase=True).text == line
+
+
 @pytest.mark.parametrize(
     "obj, status, words",
     [

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from transformer.decoding.search import greedy_search
-from transformer.decoding.translator import clean_line
+from transformer.decoding.translator import source_line
 from transformer.errors import PlotError
 from transformer.model.transformer import Transformer
 from transformer.text.batching import source_tensor
@@ -183,8 +183,10 @@ def attention_maps(
     layer: int = -1,
     max_len_a: float = 1.0,
     max_len_b: int = 50,
+    lowercase: bool = False,
 ) -> AttentionMaps:
     """Translate ``sentence`` greedily, then return the attention of one layer (0-based; -1 = last) of ``kind``.
+    ``lowercase``: the model was trained on lowercased text, so the sentence is lowercased as the Translator does.
 
     'cross' (encoder-decoder): rows are the target tokens produced, columns the source tokens (with
     <END>, as the model reads it). 'encoder': source by source. 'decoder': rows the tokens produced,
@@ -195,7 +197,7 @@ def attention_maps(
     n_layers = len(model.encoder.layers)
     if not -n_layers <= layer < n_layers:
         raise PlotError(f"layer {layer + 1} does not exist; the model has layers 1..{n_layers}")
-    ids = tokenizer.encode(clean_line(sentence))
+    ids = tokenizer.encode(source_line(sentence, lowercase))
     if not ids:
         raise PlotError("the sentence is empty; give a sentence to translate")
     device = next(model.parameters()).device

@@ -45,6 +45,17 @@ def _score_lines(checkpoint: Path) -> list[str]:
     return lines
 
 
+def _lowercase_lines(lowercase: bool) -> list[str]:
+    """What a user of a model trained on lowercased text must do that the exported tokenizer does not."""
+    if not lowercase:
+        return []
+    return [
+        "The model was trained on lowercased text (`data.lowercase: true`): lowercase each sentence before the "
+        "tokenizer (`sentence.lower()`), as `tfm translate` does; the tokenizer keeps case.",
+        "",
+    ]
+
+
 def model_card(loaded: Loaded) -> str:
     """Markdown with Hub metadata, usage for transformers 4 and 5, the scores and the training config."""
     cfg, m = loaded.cfg, loaded.cfg.model
@@ -80,6 +91,7 @@ def model_card(loaded: Loaded) -> str:
         'With transformers 4, `pipeline("translation", model="path/to/this/folder")` works too '
         "(transformers 5 removed that pipeline).",
         "",
+        *_lowercase_lines(cfg.data.lowercase),
         f"Beam search uses {cfg.decode.beam} beams. tfm normalises a hypothesis's log-probability by GNMT's "
         f"((5 + length) / 6) ** alpha (alpha {cfg.decode.alpha:g} in this model's config); transformers divides "
         f"by length ** length_penalty, so `generation_config.json` sets length_penalty "

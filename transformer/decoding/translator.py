@@ -44,6 +44,15 @@ def clean_line(line: str) -> str:
     return _SPACES.sub(" ", line).strip()
 
 
+def source_line(line: str, lowercase: bool) -> str:
+    """A line as the model reads it: cleaned, and lowercased for a model trained on lowercased text (data.lowercase).
+
+    Everything that encodes user input (translation, the server's length check, attention maps) goes through here,
+    so that all of them see the tokens the model will.
+    """
+    return clean_line(line.lower() if lowercase else line)
+
+
 def check_decoding_precision(precision: str, device: torch.device) -> None:
     """A precision to decode in: one that training knows (fp32, bf16, fp16), or int8 on the CPU."""
     if precision == INT8:
@@ -144,7 +153,7 @@ class Translator:
 
     def translate_chunk(self, lines: list[str], first_line_no: int = 1) -> list[Translation]:
         """Translate a list of lines, returning one Translation per line in the same order."""
-        cleaned = [clean_line(line.lower() if self.lowercase else line) for line in lines]
+        cleaned = [source_line(line, self.lowercase) for line in lines]
         ids = self._ids(cleaned, first_line_no)
         out = [Translation([], []) for _ in lines]
         for batch in sorted_batches([len(seq) for seq in ids], self.decode.batch_tokens):

@@ -72,7 +72,7 @@ def create_app(loaded: Loaded, batcher: Batcher, limits: Limits) -> Starlette:
 
     async def translate(request: Request) -> JSONResponse:
         obj = read_json(await _body(request, limits.max_body))
-        req = check_translate(obj, limits, tokenizer, max_positions, defaults)
+        req = check_translate(obj, limits, tokenizer, max_positions, defaults, cfg.data.lowercase)
         out = await asyncio.wrap_future(batcher.translate(req.lines, req.lengths, req.decode))
         d = req.decode
         return JSONResponse(
@@ -85,11 +85,14 @@ def create_app(loaded: Loaded, batcher: Batcher, limits: Limits) -> Starlette:
         )
 
     async def attention(request: Request) -> JSONResponse:
-        req = check_attention(read_json(await _body(request, limits.max_body)), tokenizer, max_positions, cfg.model.N)
+        body = read_json(await _body(request, limits.max_body))
+        req = check_attention(body, tokenizer, max_positions, cfg.model.N, cfg.data.lowercase)
         d = cfg.decode
 
         def draw() -> dict[str, Any]:
-            maps = attention_maps(loaded.model, tokenizer, req.text, "cross", req.layer - 1, d.max_len_a, d.max_len_b)
+            maps = attention_maps(
+                loaded.model, tokenizer, req.text, "cross", req.layer - 1, d.max_len_a, d.max_len_b, cfg.data.lowercase
+            )
             return {
                 "translation": maps.translation,
                 "layer": maps.layer + 1,

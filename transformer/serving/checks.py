@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from transformer.config import DecodeConfig, out_of_range
-from transformer.decoding.translator import clean_line
+from transformer.decoding.translator import clean_line, source_line
 from transformer.errors import UserError
 from transformer.text.tokenizer import Tokenizer
 
@@ -102,10 +102,11 @@ def _alpha(obj: dict[str, Any], default: float) -> float:
     return float(value)
 
 
-def source_lengths(lines: list[str], tokenizer: Tokenizer, max_positions: int) -> list[int]:
-    """Source tokens of each line as the Translator cleans and encodes it; a line that does not fit the model's
-    positions with its <END> is refused (the server never truncates: a client would not see the warning)."""
-    lengths = [len(ids) for ids in tokenizer.encode_batch([clean_line(line) for line in lines])] if lines else []
+def source_lengths(lines: list[str], tokenizer: Tokenizer, max_positions: int, lowercase: bool = False) -> list[int]:
+    """Source tokens of each line as the Translator cleans (and, for a ``lowercase`` model, lowercases) and encodes
+    it; a line that does not fit the model's positions with its <END> is refused (the server never truncates: a
+    client would not see the warning)."""
+    lengths = [len(ids) for ids in tokenizer.encode_batch([source_line(s, lowercase) for s in lines])] if lines else []
     for no, n in enumerate(lengths, 1):
         if n + 1 > max_positions:
             raise RequestError(
@@ -115,10 +116,15 @@ def source_lengths(lines: list[str], tokenizer: Tokenizer, max_positions: int) -
 
 
 def check_translate(
-    obj: dict[str, Any], limits: Limits, tokenizer: Tokenizer, max_positions: int, decode: DecodeConfig
+    obj: dict[str, Any],
+    limits: Limits,
+    tokenizer: Tokenizer,
+    max_positions: int,
+    decode: DecodeConfig,
+    lowercase: bool = False,
 ) -> TranslateRequest:
     """A ``POST /translate`` body: ``text`` a list of strings; ``beam``, ``alpha``, ``nbest`` optional (default:
-    the checkpoint's ``decode``)."""
+    the checkpoint's ``decode``). ``lowercase``: the model's input is lowercased (data.lowercase)."""
     _known_keys(obj, ("text", "beam", "alpha", "nbest"))
     if "text" not in obj:
         raise RequestError(400, f"the key 'text' is missing; send an object such as {EXAMPLE}")
@@ -133,12 +139,15 @@ def check_translate(
     beam = _in_range("beam", _integer(obj, "beam", decode.beam), 1, beam_limit, "1 is greedy search")
     nbest = _in_range("nbest", _integer(obj, "nbest", 1), 1, beam, "at most the beam")
     alpha = _alpha(obj, decode.alpha)
-    lengths = source_lengths(lines, tokenizer, max_positions)
+    lengths = source_lengths(lines, tokenizer, max_positions, lowercase)
     return TranslateRequest(lines, lengths, dataclasses.replace(decode, beam=beam, nbest=nbest, alpha=alpha))
 
 
-def check_attention(obj: dict[str, Any], tokenizer: Tokenizer, max_positions: int, layers: int) -> AttentionRequest:
-    """A ``POST /attention`` body: ``text`` one non-empty sentence, ``layer`` 1..layers (default: the last)."""
+def check_attention(
+    obj: dict[str, Any], tokenizer: Tokenizer, max_positions: int, layers: int, lowercase: bool = False
+) -> AttentionRequest:
+    """A ``POST /attention`` body: ``text`` one non-empty sentence, ``layer`` 1..layers (default: the last);
+    ``lowercase`` as for check_translate."""
     _known_keys(obj, ("text", "layer"))
     text = obj.get("text")
     if not isinstance(text, str):
@@ -146,5 +155,5 @@ def check_attention(obj: dict[str, Any], tokenizer: Tokenizer, max_positions: in
     if not clean_line(text):
         raise RequestError(422, "the sentence is empty; type a sentence to translate")
     layer = _in_range("layer", _integer(obj, "layer", layers), 1, layers, "the model's layers")
-    source_lengths([text], tokenizer, max_positions)
+    source_lengths([text], tokenizer, max_positions, lowercase)
     return AttentionRequest(text, layer)
