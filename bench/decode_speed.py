@@ -8,7 +8,10 @@ the same way for all: the tokenizer's tokens of the output text.
 
 Each system runs in a process of its own (bench.decode_worker), as users run them: in one process,
 CTranslate2's thread pool, once it has run with two threads, halved tfm's speed at batch 1 on a 2-core CPU.
-``own_processes(..., apart=False)`` keeps all in this one.
+``own_processes(..., apart=False)`` keeps all in this one. The same holds the other way: CTranslate2 ships its
+own libgomp, and once torch's OpenMP threads have run in a process, CTranslate2's two threads decoded 2-4x slower
+there. So CTranslate2's process runs no torch operator: the parent exports the model, and the worker reads only
+the checkpoint's config and tokenizer.
 
 Threads: tfm decodes as its Translator does (one CPU thread for batches under 64 rows, else all);
 the peers use torch's thread count. CTranslate2 loads its own OpenMP runtime with its default waiting;
@@ -39,11 +42,13 @@ from bench import SPIN_SET_HERE
 from bench.common import interleave, paired_ratio, workers
 from bench.marian_peer import build_marian, copy_tfm_weights
 from transformer import checkpoint
+from transformer.config import DecodeConfig
 from transformer.decoding.export import export
 from transformer.decoding.scoring import score
 from transformer.decoding.search import max_output_lengths
 from transformer.decoding.translator import Translator
 from transformer.text.batching import source_tensor
+from transformer.text.tokenizer import Tokenizer
 
 Decoder = Callable[[list[str], int], list[str]]
 
@@ -122,14 +127,17 @@ def _import_ctranslate2():
     return ctranslate2
 
 
+def ct2_folder(workdir: Path, precision: str, alpha: float) -> Path:
+    """Where the model ``tfm export --format ctranslate2`` writes for CTranslate2 in ``precision`` goes."""
+    return workdir / f"ct2-{precision}-{alpha}"
+
+
 def ct2_decoder(
-    loaded: checkpoint.Loaded, folder: Path, length_penalty: float, compute_type: str = "default"
+    tok: Tokenizer, decode: DecodeConfig, folder: Path, length_penalty: float, compute_type: str = "default"
 ) -> Decoder:
-    """CTranslate2 on the model ``tfm export --format ctranslate2`` writes into ``folder`` (fp32, as exported, or
-    its ``compute_type``: "int8" quantizes the weights when loading)."""
+    """CTranslate2 on the model exported into ``folder`` (fp32, as exported, or its ``compute_type``: "int8"
+    quantizes the weights when loading). Runs no torch operator: see the module's docstring."""
     ctranslate2 = _import_ctranslate2()
-    tok, d = loaded.tokenizer, loaded.cfg.decode
-    export(loaded.path, folder, overwrite=True)
     translator = ctranslate2.Translator(
         str(folder), device="cpu", compute_type=compute_type, inter_threads=1, intra_threads=torch.get_num_threads()
     )
@@ -138,7 +146,7 @@ def ct2_decoder(
 
     def run(lines: list[str], beam: int) -> list[str]:
         ids = tok.encode_batch(lines)
-        limits = _limits(ids, d.max_len_a, d.max_len_b)
+        limits = _limits(ids, decode.max_len_a, decode.max_len_b)
         out = translator.translate_batch(
             [[vocab[i] for i in x] for x in ids],
             beam_size=beam,
@@ -148,6 +156,15 @@ def ct2_decoder(
         return tok.decode_batch([[index[t] for t in r.hypotheses[0]][:n] for r, n in zip(out, limits)])
 
     return run
+
+
+def exported_ct2(path: Path, precision: str, alpha: float, workdir: Path) -> Decoder:
+    """CTranslate2 on checkpoint ``path``'s export, already written into ``ct2_folder``: reads the config and the
+    tokenizer only, so the process that runs it never builds the model."""
+    cfg = checkpoint.read_config(path)
+    tok = Tokenizer.load(path / checkpoint.TOKENIZER)
+    folder = ct2_folder(workdir, precision, alpha)
+    return ct2_decoder(tok, cfg.decode, folder, alpha, "int8" if precision == "int8" else "default")
 
 
 def batches(lines: list[str], tok, setting: Setting, count: int, seed: int = 0) -> list[list[int]]:
@@ -221,8 +238,8 @@ def build(loaded: checkpoint.Loaded, system: str, precision: str, alpha: float, 
     if system == "transformers" and precision == "fp32":
         return marian_decoder(loaded, alpha)
     if system == "ctranslate2":
-        folder = workdir / f"ct2-{precision}-{alpha}"
-        return ct2_decoder(loaded, folder, alpha, "int8" if precision == "int8" else "default")
+        export(loaded.path, ct2_folder(workdir, precision, alpha), overwrite=True)
+        return exported_ct2(loaded.path, precision, alpha, workdir)
     raise ValueError(f"no decoding system {system} in {precision}")
 
 
@@ -234,6 +251,8 @@ def own_processes(
     if not apart:
         yield {name: build(loaded, name, precision, alpha, workdir) for name in systems}
         return
+    if "ctranslate2" in systems:  # here, so that CTranslate2's process runs no torch operator
+        export(loaded.path, ct2_folder(workdir, precision, alpha), overwrite=True)
     commands = {n: ["bench.decode_worker", str(loaded.path), n, precision, str(alpha), str(workdir)] for n in systems}
     with workers(commands) as ask:
 

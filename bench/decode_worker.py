@@ -1,7 +1,8 @@
 """One decoding system in a process of its own, driven by bench.decode_speed's ``own_processes``.
 
 Loads CHECKPOINT, builds SYSTEM (tfm, transformers or ctranslate2) in PRECISION (fp32 or int8) with
-length penalty ALPHA (``decode_speed.build``), prints "ready", then answers each JSON line
+length penalty ALPHA (``decode_speed.build``; for ctranslate2 the model the parent exported into WORKDIR, without
+loading the checkpoint's weights), prints "ready", then answers each JSON line
 ``{"lines": [...], "beam": k}`` on stdin with the JSON list of translations, until stdin closes.
 Importing the bench package sets OpenMP's waiting as in the parent.
 Run: python -m bench.decode_worker CHECKPOINT SYSTEM PRECISION ALPHA WORKDIR
@@ -18,7 +19,10 @@ from transformer import checkpoint
 
 
 def main(ckpt: str, system: str, precision: str, alpha: str, workdir: str) -> None:
-    decode = decode_speed.build(checkpoint.load(Path(ckpt)), system, precision, float(alpha), Path(workdir))
+    if system == "ctranslate2":  # the parent exported it; loading the model here would start torch's threads
+        decode = decode_speed.exported_ct2(Path(ckpt), precision, float(alpha), Path(workdir))
+    else:
+        decode = decode_speed.build(checkpoint.load(Path(ckpt)), system, precision, float(alpha), Path(workdir))
     print("ready", flush=True)
     for line in sys.stdin:
         request = json.loads(line)

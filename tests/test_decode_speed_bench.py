@@ -10,13 +10,19 @@ from transformer import checkpoint
 LINES = ["Ein Mann fährt Fahrrad.", "Der Hund läuft.", "Zwei Kinder spielen im Park."]
 
 
+@pytest.mark.parametrize("system", ["tfm", "ctranslate2"])
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
-def test_a_worker_process_translates_as_this_process_does(tiny_checkpoint: Path, tmp_path: Path, precision: str):
+def test_a_worker_process_translates_as_this_process_does(
+    tiny_checkpoint: Path, tmp_path: Path, precision: str, system: str
+):
+    """CTranslate2's worker decodes the model its parent exported."""
+    if system == "ctranslate2":
+        pytest.importorskip("ctranslate2")
     loaded = checkpoint.load(tiny_checkpoint)
-    with own_processes(loaded, ("tfm",), precision, 0.6, tmp_path, apart=False) as here:
-        want = [here["tfm"](LINES, beam) for beam in (1, 3)]
-    with own_processes(loaded, ("tfm",), precision, 0.6, tmp_path) as apart:
-        assert [apart["tfm"](LINES, beam) for beam in (1, 3)] == want
+    with own_processes(loaded, (system,), precision, 0.6, tmp_path, apart=False) as here:
+        want = [here[system](LINES, beam) for beam in (1, 3)]
+    with own_processes(loaded, (system,), precision, 0.6, tmp_path) as apart:
+        assert [apart[system](LINES, beam) for beam in (1, 3)] == want
 
 
 def test_a_system_that_cannot_start_is_an_error_not_a_hang(tiny_checkpoint: Path, tmp_path: Path):
