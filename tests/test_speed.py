@@ -1,13 +1,15 @@
 """Speed-only code computes what the plain PyTorch it stands for computes: dropout, block-wise top-k and argmax,
-the transposed output table, the CPU no-mask shortcut (tested in test_model), fused Adam where torch has it, and
-SDPA kernel choices on CUDA."""
+the decoder's matrices split for decoding, the CPU no-mask shortcut (tested in test_model), fused Adam where torch
+has it, and SDPA kernel choices on CUDA."""
 
+import pytest
 import torch
+from torch import nn
 
 from transformer.decoding.search import beam_search, greedy_search
-from transformer.decoding.speed import TransposedGenerator, row_topk, with_transposed_generator
+from transformer.decoding.speed import SplitLinear, SplitParts, row_topk, split_for_decoding
 from transformer.model.speed import FLASH_FROM_LENGTH, Dropout, shape_changing_attention, training_attention
-from transformer.model.transformer import Transformer
+from transformer.model.transformer import StackedLinear, Transformer
 from transformer.training.schedule import fused_adam
 
 
@@ -74,15 +76,33 @@ def test_training_leaves_flash_out_below_256_positions_and_cudnn_always():
     assert _sdpa_flags() == (True, True, True, True)
 
 
-def test_the_transposed_output_table_decodes_as_the_tied_one_and_leaves_the_model_alone():
-    """with_transposed_generator: the same logits (to float rounding) and hypotheses, every other module shared,
-    the original still tied; applied twice, once."""
+@pytest.mark.parametrize("p", [1, 2, 3])
+def test_split_linear_is_the_linear_it_stands_for(p):
+    """x W^T + b for 2-D and 3-D inputs, whole or in the parts of a StackedLinear; an output width that p does not
+    divide gets fewer blocks."""
+    torch.manual_seed(0)
+    stacked = StackedLinear(8, 24)
+    split, parts = SplitLinear(stacked.weight, stacked.bias, p), SplitParts(stacked, p, (slice(0, 8), slice(8, 24)))
+    assert split.p == p and SplitLinear(torch.randn(10, 8), None, 3).p == 2
+    for x in (torch.randn(5, 8), torch.randn(3, 1, 8), torch.randn(1, 8)):
+        torch.testing.assert_close(split(x), stacked(x))
+        for rows in (slice(0, 8), slice(8, 24)):
+            torch.testing.assert_close(parts.part(x, rows), stacked.part(x, rows))
+    table, x = torch.randn(12, 8), torch.randn(4, 8)  # no bias, as the output table
+    torch.testing.assert_close(SplitLinear(table, None, p)(x), x @ table.t())
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_the_split_decoder_decodes_as_the_model_and_leaves_it_alone(p):
+    """split_for_decoding: the same logits (to float rounding) and hypotheses; the encoder, embeddings and norms
+    shared, the original's layers and tied table untouched; applied twice, once."""
     torch.manual_seed(0)
     model = Transformer(300, 300, 0, N=2, d_model=32, d_ff=64, h=4, dropout=0.0).eval()
-    fast = with_transposed_generator(model)
-    assert isinstance(fast.generator, TransposedGenerator) and with_transposed_generator(fast) is fast
-    assert model.generator.weight is model.src_embed.weight and fast.src_embed is model.src_embed
-    assert all(getattr(fast, name) is module for name, module in model.named_children() if name != "generator")
+    fast = split_for_decoding(model, p)
+    assert isinstance(fast.generator, SplitLinear) and split_for_decoding(fast, p) is fast
+    assert model.generator.weight is model.src_embed.weight and isinstance(model.decoder.layers[0].ff.w_1, nn.Linear)
+    assert fast.encoder is model.encoder and fast.src_embed is model.src_embed
+    assert fast.decoder.layers[0].norms[0].weight is model.decoder.layers[0].norms[0].weight
     x = torch.randn(5, 32)
     torch.testing.assert_close(fast.generator(x), model.generator(x))
     src = torch.randint(3, 300, (6, 9))

@@ -7,13 +7,11 @@ Each piece computes what the plain PyTorch call it stands for computes; ``python
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
-if TYPE_CHECKING:
-    from transformer.model.transformer import Transformer
+from transformer.model.transformer import StackedLinear, Transformer
 
 
 def row_topk(x: Tensor, m: int, block: int = 100) -> tuple[Tensor, Tensor]:
@@ -48,28 +46,62 @@ def matmul_weights_in(model: Transformer, dtype: torch.dtype) -> Transformer:
     return half
 
 
-class TransposedGenerator(nn.Module):
-    """The output projection x W^T with W^T kept contiguous ([d_model, V]) rather than W as stored ([V, d_model]).
+class SplitLinear(nn.Module):
+    """x W^T + b for decoding on the CPU: W^T kept contiguous and cut into ``p`` blocks of output columns, applied
+    as one batched matmul ([p, in, out / p]).
 
-    W is the embedding table (tied), laid out for embedding lookups. On the CPU, the matmul of a decoding
-    step's few rows against the stored table takes a slower path than against its transpose made
-    contiguous once; the product is the same up to float rounding.
+    A decoding step multiplies a few rows by each weight matrix, so it is bound by reading the weights. As one
+    matmul those few rows keep one thread reading; as p blocks of a batched matmul, p threads each read a block.
+    W^T rather than W as stored ([out, in]): for a few rows the matmul takes a faster path against it.
+    The product is the same up to float rounding. An output width that p does not divide gets fewer blocks.
     """
 
-    def __init__(self, weight: Tensor):
+    def __init__(self, weight: Tensor, bias: Tensor | None, p: int) -> None:
         super().__init__()
-        self.register_buffer("weight_t", weight.detach().t().contiguous(), persistent=False)
+        self.out_features, self.in_features = weight.shape
+        self.p = max(d for d in range(1, p + 1) if self.out_features % d == 0)
+        w = weight.detach()
+        b = torch.zeros(self.out_features, dtype=w.dtype, device=w.device) if bias is None else bias.detach()
+        blocks = w.view(self.p, self.out_features // self.p, self.in_features).transpose(1, 2).contiguous()
+        self.register_buffer("weight_t", blocks, persistent=False)  # [p, in, out / p]
+        self.register_buffer("bias_t", b.reshape(self.p, 1, -1).clone(), persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return x @ self.weight_t
+        rows = x.reshape(-1, self.in_features)
+        y = torch.baddbmm(self.bias_t, rows.expand(self.p, -1, -1), self.weight_t)  # [p, rows, out / p]
+        return y.transpose(0, 1).reshape(*x.shape[:-1], self.out_features)
 
 
-def with_transposed_generator(model: Transformer) -> Transformer:
-    """``model`` for fp32 decoding on the CPU: a shallow copy sharing every module and parameter but the generator,
-    which is a TransposedGenerator of the same weight (one more copy of the output table, none of the rest)."""
-    if isinstance(model.generator, TransposedGenerator):
+class SplitParts(nn.Module):
+    """A StackedLinear that decoding applies only in parts (cross-attention: its query rows at every step, its key
+    and value rows once per sentence), as one SplitLinear per part."""
+
+    def __init__(self, linear: StackedLinear, p: int, parts: tuple[slice, ...]) -> None:
+        super().__init__()
+        self.parts = nn.ModuleDict(
+            {f"{s.start}:{s.stop}": SplitLinear(linear.weight[s], linear.bias[s], p) for s in parts}
+        )
+
+    def part(self, x: Tensor, rows: slice) -> Tensor:
+        return self.parts[f"{rows.start}:{rows.stop}"](x)
+
+
+def split_for_decoding(model: Transformer, p: int) -> Transformer:
+    """``model`` for fp32 decoding on the CPU: a copy whose decoder matrices and generator are SplitLinears in ``p``
+    blocks (torch's thread count), sharing every other module and parameter (the encoder, embeddings and
+    LayerNorms); one more copy of the decoder's matrices and of the output table. A model already split is returned
+    as it is."""
+    if isinstance(model.generator, SplitLinear):
         return model
     fast = copy.copy(model)
     fast._modules = dict(model._modules)
-    fast.generator = TransposedGenerator(model.generator.weight)
+    fast.decoder = copy.deepcopy(model.decoder, memo={id(t): t for t in model.decoder.parameters()})
+    for layer in fast.decoder.layers:
+        cross = layer.cross_attn
+        cross.in_proj = SplitParts(cross.in_proj, p, (cross.query_rows, cross.key_value_rows))
+    for module in list(fast.decoder.modules()):
+        for name, child in module.named_children():
+            if isinstance(child, nn.Linear):
+                setattr(module, name, SplitLinear(child.weight, child.bias, p))
+    fast.generator = SplitLinear(model.generator.weight, None, p)
     return fast
