@@ -13,7 +13,7 @@ own libgomp, and once torch's OpenMP threads have run in a process, CTranslate2'
 there. So CTranslate2's process runs no torch operator: the parent exports the model, and the worker reads only
 the checkpoint's config and tokenizer.
 
-Threads: tfm decodes as its Translator does (one CPU thread for batches under 64 rows, else all);
+Threads: tfm decodes as its Translator does (all of torch's; with TFM_SHARED_CPU=1 one for batches under 64 rows);
 the peers use torch's thread count. CTranslate2 loads its own OpenMP runtime with its default waiting;
 transformers shares torch's runtime with tfm, so both wait as the tfm command would make them
 (the bench package: the short spin with TFM_SHARED_CPU=1; export OMP_WAIT_POLICY or GOMP_SPINCOUNT to choose
