@@ -31,7 +31,7 @@ from bench.train_speed import bench_batches, model_factory, optimizer, tfm_step
 from transformer import checkpoint
 from transformer.config import Config, DataConfig
 from transformer.decoding.search import greedy_search
-from transformer.decoding.speed import row_topk, split_for_decoding
+from transformer.decoding.speed import for_cpu_decoding, row_topk
 from transformer.model.speed import Dropout
 from transformer.model.transformer import Transformer
 from transformer.process import OMP_KEYS, SHARED_CPU
@@ -241,11 +241,11 @@ def decoding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[d
     return [lever_row("sort by length before batching", "greedy, batch 32", times, outs["without"] == outs["with"])]
 
 
-def split_decoder(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[dict[str, Any]]:
+def step_layout(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[dict[str, Any]]:
     """Greedy search one sentence at a time, where reading the weights weighs most in a step, with the decoder's
-    matrices and the output table as stored and split across torch's threads (split_for_decoding)."""
+    matrices and the output table as stored and laid out for decoding steps (for_cpu_decoding)."""
     tok, model = loaded.tokenizer, loaded.model.eval()
-    models = {"without": model, "with": split_for_decoding(model, torch.get_num_threads())}
+    models = {"without": model, "with": for_cpu_decoding(model, torch.get_num_threads())}
     ids = tok.encode_batch(lines)
     chunks = [ids[k : k + 16] for k in range(0, len(ids), 16)][:rounds]  # 16 lines a round
     s, e = tok.start_id, tok.end_id
@@ -256,7 +256,7 @@ def split_decoder(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> l
     outs: dict[str, dict[int, Any]] = {"without": {}, "with": {}}
     times = interleave({k: recording(by_line(m), outs[k]) for k, m in models.items()}, len(chunks))
     same = outs["without"] == outs["with"]
-    return [lever_row("decoder matrices split across threads (CPU fp32 decoding)", "greedy, batch 1", times, same)]
+    return [lever_row("decoder laid out for decoding steps (CPU fp32)", "greedy, batch 1", times, same)]
 
 
 def measure(loaded: checkpoint.Loaded, data: str, lines: list[str], quick: bool, cache: str) -> list[dict[str, Any]]:
@@ -269,7 +269,7 @@ def measure(loaded: checkpoint.Loaded, data: str, lines: list[str], quick: bool,
         + training(cfg, loaded.tokenizer, batches, rounds)
         + search_kernels(loaded, lines, rounds)
         + decoding(loaded, lines, rounds)
-        + split_decoder(loaded, lines, rounds)
+        + step_layout(loaded, lines, rounds)
     )
 
 

@@ -6,8 +6,9 @@ import pytest
 import torch
 from torch import nn
 
+from transformer.decoding import speed
 from transformer.decoding.search import beam_search, greedy_search
-from transformer.decoding.speed import SplitLinear, SplitParts, row_topk, split_for_decoding
+from transformer.decoding.speed import StepLinear, StepParts, for_cpu_decoding, row_topk
 from transformer.model.speed import FLASH_FROM_LENGTH, Dropout, shape_changing_attention, training_attention
 from transformer.model.transformer import StackedLinear, Transformer
 from transformer.training.schedule import fused_adam
@@ -76,30 +77,40 @@ def test_training_leaves_flash_out_below_256_positions_and_cudnn_always():
     assert _sdpa_flags() == (True, True, True, True)
 
 
+@pytest.mark.parametrize("onednn", [True, False])
 @pytest.mark.parametrize("p", [1, 2, 3])
-def test_split_linear_is_the_linear_it_stands_for(p):
-    """x W^T + b for 2-D and 3-D inputs, whole or in the parts of a StackedLinear; an output width that p does not
-    divide gets fewer blocks."""
+def test_step_linear_is_the_linear_it_stands_for(p, onednn, monkeypatch):
+    """x W^T + b for one row and for several, 2-D and 3-D, whole or in the parts of a StackedLinear, with oneDNN's
+    packed weights and with F.linear where torch lacks them; an output width that p does not divide gets fewer
+    blocks; the weights are the layer's own."""
+    if onednn and not speed.onednn_linear_available():
+        pytest.skip("this torch has no oneDNN linear")
+    monkeypatch.setattr(speed, "onednn_linear_available", lambda: onednn)
     torch.manual_seed(0)
     stacked = StackedLinear(8, 24)
-    split, parts = SplitLinear(stacked.weight, stacked.bias, p), SplitParts(stacked, p, (slice(0, 8), slice(8, 24)))
-    assert split.p == p and SplitLinear(torch.randn(10, 8), None, 3).p == 2
-    for x in (torch.randn(5, 8), torch.randn(3, 1, 8), torch.randn(1, 8)):
-        torch.testing.assert_close(split(x), stacked(x))
+    step, parts = StepLinear(stacked.weight, stacked.bias, p), StepParts(stacked, p, (slice(0, 8), slice(8, 24)))
+    assert step.p == p and StepLinear(torch.randn(10, 8), None, 3).p == 2
+    assert (step.packed is not None) == onednn and step.weight.data_ptr() == stacked.weight.data_ptr()
+    for x in (torch.randn(1, 8), torch.randn(1, 1, 8), torch.randn(5, 8), torch.randn(3, 2, 8)):
+        torch.testing.assert_close(step(x), stacked(x))
         for rows in (slice(0, 8), slice(8, 24)):
             torch.testing.assert_close(parts.part(x, rows), stacked.part(x, rows))
-    table, x = torch.randn(12, 8), torch.randn(4, 8)  # no bias, as the output table
-    torch.testing.assert_close(SplitLinear(table, None, p)(x), x @ table.t())
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # as the Linear would under autocast, not a dtype error
+        x = torch.randn(4, 8)
+        torch.testing.assert_close(step(x.bfloat16()), stacked(x.bfloat16()), atol=0.05, rtol=0.05)
+    table = torch.randn(12, 8)  # no bias, as the output table
+    for x in (torch.randn(1, 8), torch.randn(4, 8)):
+        torch.testing.assert_close(StepLinear(table, None, p)(x), x @ table.t())
 
 
 @pytest.mark.parametrize("p", [1, 2])
-def test_the_split_decoder_decodes_as_the_model_and_leaves_it_alone(p):
-    """split_for_decoding: the same logits (to float rounding) and hypotheses; the encoder, embeddings and norms
+def test_the_decoder_for_cpu_decoding_decodes_as_the_model_and_leaves_it_alone(p):
+    """for_cpu_decoding: the same logits (to float rounding) and hypotheses; the encoder, embeddings and norms
     shared, the original's layers and tied table untouched; applied twice, once."""
     torch.manual_seed(0)
     model = Transformer(300, 300, 0, N=2, d_model=32, d_ff=64, h=4, dropout=0.0).eval()
-    fast = split_for_decoding(model, p)
-    assert isinstance(fast.generator, SplitLinear) and split_for_decoding(fast, p) is fast
+    fast = for_cpu_decoding(model, p)
+    assert isinstance(fast.generator, StepLinear) and for_cpu_decoding(fast, p) is fast
     assert model.generator.weight is model.src_embed.weight and isinstance(model.decoder.layers[0].ff.w_1, nn.Linear)
     assert fast.encoder is model.encoder and fast.src_embed is model.src_embed
     assert fast.decoder.layers[0].norms[0].weight is model.decoder.layers[0].norms[0].weight

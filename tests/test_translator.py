@@ -109,7 +109,8 @@ def test_half_precision_casts_weights_once_and_translates_as_autocast(translator
     assert t.model is not model
     lines = SENTENCES[:8]
     fp32 = Translator(model, translator.tokenizer, decode, translator.max_positions, torch.device("cpu"))
-    assert fp32.model.generator is not model.generator  # fp32 on the CPU: the decoder split for decoding
+    assert fp32.model.generator is not model.generator  # fp32 on the CPU: its decoder laid out for decoding steps
+    fp32.model = model  # autocast over the model itself, as the bf16 copy stands for it
     with torch.autocast("cpu", dtype=torch.bfloat16):
         want = [(o.texts, o.scores) for o in fp32.translate_chunk(lines)]
     assert [(o.texts, o.scores) for o in t.translate_chunk(lines)] == want

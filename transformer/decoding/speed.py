@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer.model.transformer import StackedLinear, Transformer
@@ -46,14 +47,27 @@ def matmul_weights_in(model: Transformer, dtype: torch.dtype) -> Transformer:
     return half
 
 
-class SplitLinear(nn.Module):
-    """x W^T + b for decoding on the CPU: W^T kept contiguous and cut into ``p`` blocks of output columns, applied
-    as one batched matmul ([p, in, out / p]).
+PACK_ROWS = 32  # the rows oneDNN packs the weights for; measured as fast from 2 rows to 160 as packing for each
 
-    A decoding step multiplies a few rows by each weight matrix, so it is bound by reading the weights. As one
-    matmul those few rows keep one thread reading; as p blocks of a batched matmul, p threads each read a block.
-    W^T rather than W as stored ([out, in]): for a few rows the matmul takes a faster path against it.
-    The product is the same up to float rounding. An output width that p does not divide gets fewer blocks.
+
+def onednn_linear_available() -> bool:
+    """Whether this torch has oneDNN's linear on packed weights (``torch.ops.mkldnn._linear_pointwise``, the kernel
+    torch.compile's CPU backend gives frozen Linear layers)."""
+    ops = torch.ops.mkldnn
+    return torch.backends.mkldnn.is_available() and all(
+        hasattr(ops, name) for name in ("_linear_pointwise", "_reorder_linear_weight")
+    )
+
+
+class StepLinear(nn.Module):
+    """x W^T + b for fp32 decoding on the CPU, laid out for a decoding step's few rows; the same product up to float
+    rounding.
+
+    A step reads every weight matrix for a few rows, so reading the weights is what it waits on. One row (greedy
+    search, one sentence): W as stored, cut into ``p`` blocks of output rows and applied as one batched matmul, so
+    that p threads each read a block (as one matmul, a single row keeps one thread reading). More rows: oneDNN's
+    linear on weights packed once (``onednn_linear_available``), faster than torch's default matmul at those
+    shapes; F.linear where this torch lacks it.
     """
 
     def __init__(self, weight: Tensor, bias: Tensor | None, p: int) -> None:
@@ -62,46 +76,50 @@ class SplitLinear(nn.Module):
         self.p = max(d for d in range(1, p + 1) if self.out_features % d == 0)
         w = weight.detach()
         b = torch.zeros(self.out_features, dtype=w.dtype, device=w.device) if bias is None else bias.detach()
-        blocks = w.view(self.p, self.out_features // self.p, self.in_features).transpose(1, 2).contiguous()
-        self.register_buffer("weight_t", blocks, persistent=False)  # [p, in, out / p]
-        self.register_buffer("bias_t", b.reshape(self.p, 1, -1).clone(), persistent=False)
+        self.weight, self.bias = w, b  # the model's own tensors, not copies
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS) if onednn_linear_available() else None
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)
-        y = torch.baddbmm(self.bias_t, rows.expand(self.p, -1, -1), self.weight_t)  # [p, rows, out / p]
-        return y.transpose(0, 1).reshape(*x.shape[:-1], self.out_features)
+        if rows.size(0) == 1:
+            blocks = self.weight.view(self.p, -1, self.in_features)
+            y = torch.baddbmm(self.bias.view(self.p, -1, 1), blocks, rows.t().expand(self.p, -1, -1))
+        elif self.packed is not None and rows.dtype == self.weight.dtype:  # not under an autocast
+            y = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
+        else:
+            y = F.linear(rows, self.weight, self.bias)
+        return y.reshape(*x.shape[:-1], self.out_features)
 
 
-class SplitParts(nn.Module):
+class StepParts(nn.Module):
     """A StackedLinear that decoding applies only in parts (cross-attention: its query rows at every step, its key
-    and value rows once per sentence), as one SplitLinear per part."""
+    and value rows once per sentence), as one StepLinear per part."""
 
     def __init__(self, linear: StackedLinear, p: int, parts: tuple[slice, ...]) -> None:
         super().__init__()
         self.parts = nn.ModuleDict(
-            {f"{s.start}:{s.stop}": SplitLinear(linear.weight[s], linear.bias[s], p) for s in parts}
+            {f"{s.start}:{s.stop}": StepLinear(linear.weight[s], linear.bias[s], p) for s in parts}
         )
 
     def part(self, x: Tensor, rows: slice) -> Tensor:
         return self.parts[f"{rows.start}:{rows.stop}"](x)
 
 
-def split_for_decoding(model: Transformer, p: int) -> Transformer:
-    """``model`` for fp32 decoding on the CPU: a copy whose decoder matrices and generator are SplitLinears in ``p``
-    blocks (torch's thread count), sharing every other module and parameter (the encoder, embeddings and
-    LayerNorms); one more copy of the decoder's matrices and of the output table. A model already split is returned
-    as it is."""
-    if isinstance(model.generator, SplitLinear):
+def for_cpu_decoding(model: Transformer, p: int) -> Transformer:
+    """``model`` for fp32 decoding on the CPU: a copy whose decoder matrices and generator are StepLinears for ``p``
+    threads (torch's thread count), sharing every module and parameter (oneDNN's packed weights are one more copy
+    of the decoder's matrices and of the output table). A model already made so is returned as it is."""
+    if isinstance(model.generator, StepLinear):
         return model
     fast = copy.copy(model)
     fast._modules = dict(model._modules)
     fast.decoder = copy.deepcopy(model.decoder, memo={id(t): t for t in model.decoder.parameters()})
     for layer in fast.decoder.layers:
         cross = layer.cross_attn
-        cross.in_proj = SplitParts(cross.in_proj, p, (cross.query_rows, cross.key_value_rows))
+        cross.in_proj = StepParts(cross.in_proj, p, (cross.query_rows, cross.key_value_rows))
     for module in list(fast.decoder.modules()):
         for name, child in module.named_children():
             if isinstance(child, nn.Linear):
-                setattr(module, name, SplitLinear(child.weight, child.bias, p))
-    fast.generator = SplitLinear(model.generator.weight, None, p)
+                setattr(module, name, StepLinear(child.weight, child.bias, p))
+    fast.generator = StepLinear(model.generator.weight, None, p)
     return fast

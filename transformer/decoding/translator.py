@@ -20,7 +20,7 @@ import torch
 from transformer.config import DecodeConfig, check_decode
 from transformer.decoding.int8 import INT8, check_int8, int8_copy
 from transformer.decoding.search import Hypothesis, beam_search, greedy_search
-from transformer.decoding.speed import matmul_weights_in, split_for_decoding
+from transformer.decoding.speed import for_cpu_decoding, matmul_weights_in
 from transformer.device import PRECISIONS, autocast, check_precision
 from transformer.errors import ConfigError, TranslateError
 from transformer.model.speed import shape_changing_attention
@@ -79,7 +79,7 @@ class Translation:
 class Translator:
     """A trained model with its tokenizer and decode settings (``decode``: beam, n-best, length penalty, lengths,
     batch size: the one value every setting of a translation arrives in), decoding in ``precision``: fp32 (on the
-    CPU with the decoder's matrices laid out for a step's few rows, decoding.speed.split_for_decoding), bf16 or
+    CPU with the decoder's matrices laid out for a step's few rows, decoding.speed.for_cpu_decoding), bf16 or
     fp16 (autocast, weights cast once), or int8 (transformer.decoding.int8). ``lowercase``: the model was trained
     on lowercased text (data.lowercase), so input is lowercased as its training data was."""
 
@@ -99,7 +99,7 @@ class Translator:
         elif PRECISIONS[precision].mixed:
             self.model = matmul_weights_in(model, PRECISIONS[precision].dtype)
         elif device.type == "cpu":
-            self.model = split_for_decoding(model.eval(), torch.get_num_threads())
+            self.model = for_cpu_decoding(model.eval(), torch.get_num_threads())
         else:
             self.model = model.eval()
         self.tokenizer = tokenizer
