@@ -7,6 +7,7 @@ Each piece computes what the plain PyTorch call it stands for computes; ``python
 from __future__ import annotations
 
 import copy
+import platform
 
 import torch
 import torch.nn.functional as F
@@ -51,11 +52,13 @@ PACK_ROWS = 32  # the rows oneDNN packs the weights for; measured as fast from 2
 
 
 def onednn_linear_available() -> bool:
-    """Whether this torch has oneDNN's linear on packed weights (``torch.ops.mkldnn._linear_pointwise``, the kernel
-    torch.compile's CPU backend gives frozen Linear layers)."""
+    """Whether this is an x86 CPU (where it was measured) and torch has oneDNN's linear on packed weights
+    (``torch.ops.mkldnn._linear_pointwise``, the kernel torch.compile's CPU backend gives frozen Linear layers)."""
     ops = torch.ops.mkldnn
-    return torch.backends.mkldnn.is_available() and all(
-        hasattr(ops, name) for name in ("_linear_pointwise", "_reorder_linear_weight")
+    return (
+        platform.machine().lower() in ("x86_64", "amd64")
+        and torch.backends.mkldnn.is_available()
+        and all(hasattr(ops, name) for name in ("_linear_pointwise", "_reorder_linear_weight"))
     )
 
 
