@@ -132,11 +132,10 @@ def ct2_folder(workdir: Path, precision: str, alpha: float) -> Path:
     return workdir / f"ct2-{precision}-{alpha}"
 
 
-def ct2_decoder(
-    tok: Tokenizer, decode: DecodeConfig, folder: Path, length_penalty: float, compute_type: str = "default"
-) -> Decoder:
-    """CTranslate2 on the model exported into ``folder`` (fp32, as exported, or its ``compute_type``: "int8"
-    quantizes the weights when loading). Runs no torch operator: see the module's docstring."""
+def ct2_decoder(tok: Tokenizer, decode: DecodeConfig, workdir: Path, precision: str, alpha: float) -> Decoder:
+    """CTranslate2 on the model exported into ``ct2_folder`` (fp32, as exported, or with int8 weights quantized
+    when loading), with length penalty ``alpha``. Runs no torch operator: see the module's docstring."""
+    folder, compute_type = ct2_folder(workdir, precision, alpha), "int8" if precision == "int8" else "default"
     ctranslate2 = _import_ctranslate2()
     translator = ctranslate2.Translator(
         str(folder), device="cpu", compute_type=compute_type, inter_threads=1, intra_threads=torch.get_num_threads()
@@ -150,7 +149,7 @@ def ct2_decoder(
         out = translator.translate_batch(
             [[vocab[i] for i in x] for x in ids],
             beam_size=beam,
-            length_penalty=length_penalty,
+            length_penalty=alpha,
             max_decoding_length=max(limits) + 1,
         )
         return tok.decode_batch([[index[t] for t in r.hypotheses[0]][:n] for r, n in zip(out, limits)])
@@ -159,12 +158,10 @@ def ct2_decoder(
 
 
 def exported_ct2(path: Path, precision: str, alpha: float, workdir: Path) -> Decoder:
-    """CTranslate2 on checkpoint ``path``'s export, already written into ``ct2_folder``: reads the config and the
+    """``ct2_decoder`` for checkpoint ``path``, whose export is already in ``ct2_folder``: reads the config and the
     tokenizer only, so the process that runs it never builds the model."""
-    cfg = checkpoint.read_config(path)
     tok = Tokenizer.load(path / checkpoint.TOKENIZER)
-    folder = ct2_folder(workdir, precision, alpha)
-    return ct2_decoder(tok, cfg.decode, folder, alpha, "int8" if precision == "int8" else "default")
+    return ct2_decoder(tok, checkpoint.read_config(path).decode, workdir, precision, alpha)
 
 
 def batches(lines: list[str], tok, setting: Setting, count: int, seed: int = 0) -> list[list[int]]:
@@ -239,7 +236,7 @@ def build(loaded: checkpoint.Loaded, system: str, precision: str, alpha: float, 
         return marian_decoder(loaded, alpha)
     if system == "ctranslate2":
         export(loaded.path, ct2_folder(workdir, precision, alpha), overwrite=True)
-        return exported_ct2(loaded.path, precision, alpha, workdir)
+        return ct2_decoder(loaded.tokenizer, loaded.cfg.decode, workdir, precision, alpha)
     raise ValueError(f"no decoding system {system} in {precision}")
 
 
