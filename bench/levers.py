@@ -3,9 +3,10 @@
 "Without" is switched through the library's public API or the environment, never by patching it:
 PyTorch's per-tensor Adam, nn.Dropout in place of model.speed.Dropout, whole logits scored by
 ``label_smoothed_nll``, libgomp's OpenMP defaults (each side a process of its own), batches in input
-order, torch's topk in place of the block-wise one, and the decoder's matrices as stored. A speedup above 1
-means the lever wins; decoding levers also report whether outputs stayed the same. A lever that can no
-longer be switched off is measured once, recorded in bench/results/, and left out of this suite.
+order, torch's topk in place of the block-wise one, the decoder's matrices as stored, and the model's own
+decoding step in place of the lean one. A speedup above 1 means the lever wins; decoding levers also report
+whether outputs stayed the same. A lever that can no longer be switched off is measured once, recorded in
+bench/results/, and left out of this suite.
 
 Run: python -m bench.levers --checkpoint DIR [--data DIR] [--quick] [--sections levers,contended,compile]
 """
@@ -30,10 +31,10 @@ from bench.common import DEFAULT_DATA, ROOT, interleave, median, paired_ratio, s
 from bench.train_speed import bench_batches, model_factory, optimizer, tfm_step
 from transformer import checkpoint
 from transformer.config import Config, DataConfig
+from transformer.decoding.lean_step import LeanDecoding
 from transformer.decoding.search import greedy_search
 from transformer.decoding.speed import for_cpu_decoding, row_topk
 from transformer.model.speed import Dropout
-from transformer.model.transformer import Transformer
 from transformer.process import OMP_KEYS, SHARED_CPU
 from transformer.text.batching import Batch, source_tensor
 from transformer.text.corpus import load_split
@@ -242,21 +243,29 @@ def decoding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[d
 
 
 def step_layout(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[dict[str, Any]]:
-    """Greedy search one sentence at a time, where reading the weights weighs most in a step, with the decoder's
-    matrices and the output table as stored and laid out for decoding steps (for_cpu_decoding)."""
+    """Greedy search one sentence at a time, where a step's few rows make reading the weights and calling the
+    layers weigh most: the decoder's matrices and output table as stored, then laid out for decoding steps
+    (for_cpu_decoding), then that model stepped by the lean step (LeanDecoding), as the Translator decodes."""
     tok, model = loaded.tokenizer, loaded.model.eval()
-    models = {"without": model, "with": for_cpu_decoding(model, torch.get_num_threads())}
+    laid_out = for_cpu_decoding(model, torch.get_num_threads())
+    models = {"stored": model, "laid out": laid_out, "lean": LeanDecoding(laid_out)}
     ids = tok.encode_batch(lines)
     chunks = [ids[k : k + 16] for k in range(0, len(ids), 16)][:rounds]  # 16 lines a round
     s, e = tok.start_id, tok.end_id
 
-    def by_line(m: Transformer) -> Callable[[int], list[list[int]]]:
+    def by_line(m: nn.Module) -> Callable[[int], list[list[int]]]:
         return lambda r: [greedy_search(m, source_tensor([x], tok), s, e)[0].tokens for x in chunks[r]]
 
-    outs: dict[str, dict[int, Any]] = {"without": {}, "with": {}}
+    outs: dict[str, dict[int, Any]] = {k: {} for k in models}
     times = interleave({k: recording(by_line(m), outs[k]) for k, m in models.items()}, len(chunks))
-    same = outs["without"] == outs["with"]
-    return [lever_row("decoder laid out for decoding steps (CPU fp32)", "greedy, batch 1", times, same)]
+    pairs = {
+        "decoder laid out for decoding steps (CPU fp32)": ("stored", "laid out"),
+        "lean decoding step (CPU)": ("laid out", "lean"),
+    }
+    return [
+        lever_row(lever, "greedy, batch 1", {"without": times[a], "with": times[b]}, outs[a] == outs[b])
+        for lever, (a, b) in pairs.items()
+    ]
 
 
 def measure(loaded: checkpoint.Loaded, data: str, lines: list[str], quick: bool, cache: str) -> list[dict[str, Any]]:

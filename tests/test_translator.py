@@ -41,8 +41,8 @@ def translator(cfg, tok, model):
 
 
 def with_decode(t: Translator, **decode) -> Translator:
-    """The fixture's model and tokenizer with other decode settings: a Translator of their own."""
-    return Translator(t.model, t.tokenizer, replace(t.decode, **decode), t.max_positions, t.device, t.precision)
+    """The fixture's model and tokenizer with other decode settings."""
+    return t.with_decode(replace(t.decode, **decode))
 
 
 def test_clean_line():
@@ -109,7 +109,7 @@ def test_half_precision_casts_weights_once_and_translates_as_autocast(translator
     assert t.model is not model
     lines = SENTENCES[:8]
     fp32 = Translator(model, translator.tokenizer, decode, translator.max_positions, torch.device("cpu"))
-    assert fp32.model.generator is not model.generator  # fp32 on the CPU: its decoder laid out for decoding steps
+    assert fp32.model.model.generator is not model.generator  # fp32 on the CPU: its decoder laid out for steps
     fp32.model = model  # autocast over the model itself, as the bf16 copy stands for it
     with torch.autocast("cpu", dtype=torch.bfloat16):
         want = [(o.texts, o.scores) for o in fp32.translate_chunk(lines)]
@@ -126,9 +126,9 @@ def test_translator_input_path_never_crashes_the_tokenizer(sample_tokenizer, s):
     assert sample_tokenizer.decode(ids) == sample_tokenizer.normalize(line)
 
 
-def test_a_model_trained_on_lowercased_text_gets_its_input_lowercased(translator):
+def test_a_model_trained_on_lowercased_text_gets_its_input_lowercased(translator, model):
     lower = Translator(
-        translator.model,
+        model,
         translator.tokenizer,
         translator.decode,
         translator.max_positions,

@@ -16,9 +16,11 @@ from itertools import islice
 from typing import Iterable, Iterator
 
 import torch
+from torch import nn
 
 from transformer.config import DecodeConfig, check_decode
 from transformer.decoding.int8 import INT8, check_int8, int8_copy
+from transformer.decoding.lean_step import LeanDecoding
 from transformer.decoding.search import Hypothesis, beam_search, greedy_search
 from transformer.decoding.speed import for_cpu_decoding, matmul_weights_in
 from transformer.device import PRECISIONS, autocast, check_precision
@@ -80,8 +82,9 @@ class Translator:
     """A trained model with its tokenizer and decode settings (``decode``: beam, n-best, length penalty, lengths,
     batch size: the one value every setting of a translation arrives in), decoding in ``precision``: fp32 (on the
     CPU with the decoder's matrices laid out for a step's few rows, decoding.speed.for_cpu_decoding), bf16 or
-    fp16 (autocast, weights cast once), or int8 (transformer.decoding.int8). ``lowercase``: the model was trained
-    on lowercased text (data.lowercase), so input is lowercased as its training data was."""
+    fp16 (autocast, weights cast once), or int8 (transformer.decoding.int8); on the CPU each step through
+    decoding.lean_step. ``lowercase``: the model was trained on lowercased text (data.lowercase), so input is
+    lowercased as its training data was."""
 
     def __init__(
         self,
@@ -95,13 +98,12 @@ class Translator:
     ) -> None:
         check_decoding_precision(precision, device)
         if precision == INT8:
-            self.model = int8_copy(model)
+            model = int8_copy(model)
         elif PRECISIONS[precision].mixed:
-            self.model = matmul_weights_in(model, PRECISIONS[precision].dtype)
+            model = matmul_weights_in(model, PRECISIONS[precision].dtype)
         elif device.type == "cpu":
-            self.model = for_cpu_decoding(model.eval(), torch.get_num_threads())
-        else:
-            self.model = model.eval()
+            model = for_cpu_decoding(model.eval(), torch.get_num_threads())
+        self.model: nn.Module = LeanDecoding(model) if device.type == "cpu" else model.eval()
         self.tokenizer = tokenizer
         self.decode = check_decode(decode)
         self.max_positions = max_positions

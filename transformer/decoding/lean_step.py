@@ -1,0 +1,92 @@
+"""The decoder's incremental step as straight-line tensor code over the model's own layers, for decoding on the CPU.
+
+``Transformer.decode_step`` runs the paper's modules: sub-layer wrappers, dropout (the identity in eval mode),
+attention that splits and merges heads for any number of positions. At a decoding step's few rows, calling
+those pieces costs more than their arithmetic. ``LeanDecoding.decode_step`` computes the same values from the
+same layers (each matrix through the layer's own linear map: nn.Linear, ``StepLinear`` or ``Int8Linear``), for
+one position, with one call per operation. Eval mode only, as search runs it: no dropout is applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from transformer.model.decoder_state import DecoderState
+from transformer.model.transformer import DecoderLayer, Transformer, sinusoids
+
+Map = Callable[[Tensor], Tensor]
+
+
+class LeanLayer:
+    """One decoder layer's step on rows [R, d_model], through the layer's own maps and norms."""
+
+    def __init__(self, layer: DecoderLayer) -> None:
+        self_attn, cross = layer.self_attn, layer.cross_attn
+        self.h, self.d_k = self_attn.h, self_attn.d_k
+        self.qkv: Map = self_attn.in_proj.forward
+        self.self_out: Map = self_attn.out_proj.forward
+        self.cross_q: Map = partial(cross.in_proj.part, rows=cross.query_rows)
+        self.cross_out: Map = cross.out_proj.forward
+        self.w_1: Map = layer.ff.w_1.forward
+        self.w_2: Map = layer.ff.w_2.forward
+        self.norms: list[Map] = [norm.forward for norm in layer.norms]
+        self.norm_first = layer.norm_first
+
+    def sublayer(self, x: Tensor, i: int, f: Map) -> Tensor:
+        """Layer.sublayer without its dropout."""
+        if self.norm_first:
+            return x + f(self.norms[i](x))
+        return self.norms[i](x + f(x))
+
+    def step(self, y: Tensor, cache: Tensor, t: int, cross: Tensor, mask: Tensor, beam: int) -> Tensor:
+        """DecoderLayer.step for rows y [R, d_model] (its y [R, 1, d_model])."""
+        R, h, d_k = y.size(0), self.h, self.d_k
+
+        def self_attend(z: Tensor) -> Tensor:
+            qkv = self.qkv(z).view(R, 3, h, 1, d_k)
+            cache[:, :, :, t] = qkv[:, 1:, :, 0]
+            out = F.scaled_dot_product_attention(qkv[:, 0], cache[:, 0, :, : t + 1], cache[:, 1, :, : t + 1])
+            return self.self_out(out.reshape(R, h * d_k))  # one query: [R, h, 1, d_k] is already [R, 1, h, d_k]
+
+        def cross_attend(z: Tensor) -> Tensor:
+            q = self.cross_q(z).view(-1, beam, h, d_k).transpose(1, 2)  # a sentence's beams as its queries
+            out = F.scaled_dot_product_attention(q, cross[:, 0], cross[:, 1], mask)
+            return self.cross_out(out.transpose(1, 2).reshape(R, h * d_k))
+
+        y = self.sublayer(y, 0, self_attend)
+        y = self.sublayer(y, 1, cross_attend)
+        return self.sublayer(y, 2, lambda z: self.w_2(F.relu(self.w_1(z))))
+
+
+class LeanDecoding(nn.Module):
+    """``model`` for search (``pad_id``, ``encode``, ``start_state``, ``decode_step``), its step made lean."""
+
+    def __init__(self, model: Transformer) -> None:
+        super().__init__()
+        self.model = model
+        self.pad_id = model.pad_id
+        self.encode = model.encode
+        self.start_state = model.start_state
+        self.layers = [LeanLayer(layer) for layer in model.decoder.layers]
+        self.final_norm: Map = model.decoder.norm.forward
+        self.generator: Map = model.generator.forward
+        self.train(model.training)
+
+    def position(self, t: int) -> Tensor:
+        """The positional encoding of position t, as PositionalEncoding adds it."""
+        table = self.model.positions.table
+        return table[t] if t < table.size(0) else sinusoids(t, 1, table.size(1))[0].to(table.device)
+
+    def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
+        """Transformer.decode_step: the next position's logits [R, V]; appends to the state's cache."""
+        m, t = self.model, state.length
+        state.reserve(t + 1)
+        y = F.embedding(tokens, m.tgt_embed.weight) * m.scale + self.position(t)
+        for i, layer in enumerate(self.layers):
+            y = layer.step(y, state.self_kv[:, i], t, state.cross_kv[:, i], state.src_mask, state.beam)
+        state.length = t + 1
+        return self.generator(self.final_norm(y))
