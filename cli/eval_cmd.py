@@ -82,7 +82,8 @@ def run_eval(
         return
     if output_dir is not None:
         check_folder(output_dir if output_dir.exists() else output_dir.parent, "--output-dir")
-    from transformer.decoding.translator import Translator, check_decoding_precision
+    from transformer.decoding.precision import check_decoding_precision
+    from transformer.decoding.translator import Translator
     from transformer.device import resolve_device
     from transformer.text.corpus import load_split
 
@@ -124,6 +125,7 @@ def run_eval(
         "split": name,
         "beam": decode.beam,
         "alpha": decode.alpha,
+        "precision": translator.precision,
         **scores.as_dict(),
         "command": _command(path, split, src, ref, beam, alpha, precision, data_dir),
     }

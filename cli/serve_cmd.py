@@ -69,7 +69,8 @@ def run_serve(
     except ImportError:
         fail(EXTRA)
     from transformer import checkpoint as ckpt
-    from transformer.decoding.translator import Translator, check_decoding_precision
+    from transformer.decoding.precision import check_decoding_precision
+    from transformer.decoding.translator import Translator
     from transformer.device import resolve_device
     from transformer.serving.batcher import Batcher
     from transformer.serving.checks import Limits

@@ -63,7 +63,8 @@ def run_translate(
 ) -> None:
     """Translate ``text``, ``--input`` or stdin into ``--output`` or stdout; every check comes before any work."""
     from transformer import checkpoint as ckpt
-    from transformer.decoding.translator import Translator, check_decoding_precision
+    from transformer.decoding.precision import check_decoding_precision
+    from transformer.decoding.translator import Translator
     from transformer.device import resolve_device
 
     if text is not None and input_ is not None:

@@ -67,3 +67,17 @@ def test_eval_alpha_and_the_command_are_recorded_beside_the_beam(tiny_checkpoint
     assert saved["command"] == (
         f"tfm eval --checkpoint {tiny_checkpoint} --src {src} --ref {ref} --beam 2 --alpha 1.5"
     )  # the command that gives this report again
+
+
+def test_eval_records_the_precision_auto_chose(tiny_checkpoint, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    src, ref = tmp_path / "src.de", tmp_path / "ref.en"
+    src.write_text("Ein Hund.\n", encoding="utf-8")
+    ref.write_text("A dog.\n", encoding="utf-8")
+    out = tmp_path / "out"
+    args = ["eval", "--checkpoint", str(tiny_checkpoint), "--src", str(src), "--ref", str(ref), "--device", "cpu"]
+    r = CliRunner().invoke(app, [*args, "--precision", "auto", "--output-dir", str(out)])
+    assert r.exit_code == 0, r.output
+    saved = json.loads(next(out.glob("*.json")).read_text())
+    assert saved["precision"] in ("fp32", "bf16", "int8") and saved["command"].endswith("--precision auto")
+    assert (tmp_path / "cache" / "tfm" / "cpu-precision.json").is_file()

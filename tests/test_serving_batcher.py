@@ -197,10 +197,11 @@ def test_a_failed_load_is_raised_by_the_constructor():
 
 def test_ctrl_c_while_loading_stops_the_worker_once_it_has_loaded(translator):
     """The worker is not left inside torch when the process exits (that aborts it): it finishes loading, then stops."""
-    loading, loaded = threading.Event(), threading.Event()
+    loading, sent, loaded = threading.Event(), threading.Event(), threading.Event()
 
     def load() -> Translator:
         loading.set()
+        sent.wait(30)  # loading outlasts the signal however late a busy machine runs the interrupting thread
         time.sleep(0.3)
         loaded.set()
         return translator
@@ -208,6 +209,7 @@ def test_ctrl_c_while_loading_stops_the_worker_once_it_has_loaded(translator):
     def interrupt() -> None:
         loading.wait(30)
         signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        sent.set()
 
     threading.Thread(target=interrupt).start()
     with pytest.raises(KeyboardInterrupt):

@@ -139,3 +139,16 @@ def test_a_model_trained_on_lowercased_text_gets_its_input_lowercased(translator
     want = [(o.texts, o.scores) for o in translator.translate_chunk([line.lower() for line in lines])]
     assert [(o.texts, o.scores) for o in lower.translate_chunk(lines)] == want
     assert [(o.texts, o.scores) for o in translator.translate_chunk(lines)] != want  # the cased input differs
+
+
+def test_precision_auto_decodes_in_the_precision_it_chose(translator, model, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    auto = Translator(
+        model, translator.tokenizer, translator.decode, translator.max_positions, translator.device, "auto"
+    )
+    assert auto.precision in ("fp32", "bf16", "int8")
+    chosen = Translator(
+        model, translator.tokenizer, translator.decode, translator.max_positions, translator.device, auto.precision
+    )
+    lines = SENTENCES[:4]
+    assert [o.texts for o in auto.translate_chunk(lines)] == [o.texts for o in chosen.translate_chunk(lines)]

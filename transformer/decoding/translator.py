@@ -16,15 +16,12 @@ from itertools import islice
 from typing import Iterable, Iterator
 
 import torch
-from torch import nn
 
 from transformer.config import DecodeConfig, check_decode
-from transformer.decoding.int8 import INT8, check_int8, int8_copy
-from transformer.decoding.lean_step import LeanDecoding
+from transformer.decoding.auto_precision import decoding_precision
+from transformer.decoding.precision import AUTO, check_decoding_precision, decoding_autocast, decoding_model
 from transformer.decoding.search import Hypothesis, beam_search, greedy_search
-from transformer.decoding.speed import for_cpu_decoding, matmul_weights_in
-from transformer.device import PRECISIONS, autocast, check_precision
-from transformer.errors import ConfigError, TranslateError
+from transformer.errors import TranslateError
 from transformer.model.speed import shape_changing_attention
 from transformer.model.transformer import Transformer
 from transformer.process import decoding_threads
@@ -55,16 +52,6 @@ def source_line(line: str, lowercase: bool) -> str:
     return clean_line(line.lower() if lowercase else line)
 
 
-def check_decoding_precision(precision: str, device: torch.device) -> None:
-    """A precision to decode in: one that training knows (fp32, bf16, fp16), or int8 on the CPU."""
-    if precision == INT8:
-        check_int8(device)
-    elif precision in PRECISIONS:
-        check_precision(precision, device)
-    else:
-        raise ConfigError(f"precision '{precision}' is not one of {', '.join([*PRECISIONS, INT8])}; pick one of them")
-
-
 @dataclass
 class Translation:
     """The n-best hypotheses of one input line, best first, as text and scores."""
@@ -80,11 +67,9 @@ class Translation:
 
 class Translator:
     """A trained model with its tokenizer and decode settings (``decode``: beam, n-best, length penalty, lengths,
-    batch size: the one value every setting of a translation arrives in), decoding in ``precision``: fp32 (on the
-    CPU with the decoder's matrices laid out for a step's few rows, decoding.speed.for_cpu_decoding), bf16 or
-    fp16 (autocast, weights cast once), or int8 (transformer.decoding.int8); on the CPU each step through
-    decoding.lean_step. ``lowercase``: the model was trained on lowercased text (data.lowercase), so input is
-    lowercased as its training data was."""
+    batch size: the one value every setting of a translation arrives in), decoding in ``precision`` (fp32, bf16,
+    fp16, int8 or auto: decoding.precision; ``self.precision`` holds what auto chose). ``lowercase``: the model was
+    trained on lowercased text (data.lowercase), so input is lowercased as its training data was."""
 
     def __init__(
         self,
@@ -97,13 +82,9 @@ class Translator:
         lowercase: bool = False,
     ) -> None:
         check_decoding_precision(precision, device)
-        if precision == INT8:
-            model = int8_copy(model)
-        elif PRECISIONS[precision].mixed:
-            model = matmul_weights_in(model, PRECISIONS[precision].dtype)
-        elif device.type == "cpu":
-            model = for_cpu_decoding(model.eval(), torch.get_num_threads())
-        self.model: nn.Module = LeanDecoding(model) if device.type == "cpu" else model.eval()
+        if precision == AUTO:
+            precision = decoding_precision(model, device, lambda msg: print(msg, file=sys.stderr))
+        self.model = decoding_model(model, precision, device)
         self.tokenizer = tokenizer
         self.decode = check_decode(decode)
         self.max_positions = max_positions
@@ -135,7 +116,7 @@ class Translator:
         t = self.tokenizer
         d = self.decode
         with (
-            autocast("fp32" if self.precision == INT8 else self.precision, self.device),
+            decoding_autocast(self.precision, self.device),
             decoding_threads(self.device, src.size(0) * d.beam),
             shape_changing_attention(self.device),
         ):

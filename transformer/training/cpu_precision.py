@@ -3,26 +3,21 @@
 No CPU flag decides it: with AVX-512 BF16 and no AMX, bf16 trained faster than fp32 on one processor and slower on
 another. So a model of the run's shape and vocabulary size runs a training step (forward, loss, backward) on one
 batch in each precision, alternated round by round, and bf16 is chosen only when its median time beats fp32's by
-``MARGIN`` (its rounding costs accuracy, so a near tie goes to fp32). The verdict is cached per processor, thread
-count, torch version and shape in ``$XDG_CACHE_HOME/tfm/cpu-precision.json`` (default ``~/.cache``); delete the
-file to measure again.
+``MARGIN`` (its rounding costs accuracy, so a near tie goes to fp32). The verdict is kept per machine and shape
+(transformer.measured).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import platform
 import statistics
 import time
-from pathlib import Path
 from typing import Callable
 
 import torch
 
 from transformer.config import ModelConfig
 from transformer.device import autocast
-from transformer.files import atomic_file
+from transformer.measured import cache_path, machine, recall, remember
 from transformer.model.transformer import build_model
 
 MARGIN = 1.15
@@ -30,27 +25,9 @@ ROUNDS = 3
 ROWS, LENGTH = 16, 64  # one batch of 1,024 source and 1,024 target tokens
 
 
-def cache_path() -> Path:
-    """Where verdicts are kept, one per machine and shape."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tfm" / "cpu-precision.json"
-
-
-def processor() -> str:
-    """The CPU's model name (``/proc/cpuinfo`` on Linux), else what the platform reports."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def cache_key(model: ModelConfig, vocab_size: int) -> str:
-    return (
-        f"{processor()} | {torch.get_num_threads()} threads | torch {torch.__version__} | "
-        f"N {model.N}, d_model {model.d_model}, d_ff {model.d_ff}, h {model.h}, vocabulary {vocab_size}"
-    )
+    shape = f"N {model.N}, d_model {model.d_model}, d_ff {model.d_ff}, h {model.h}, vocabulary {vocab_size}"
+    return f"{machine()} | {shape}"
 
 
 def measure(
@@ -85,26 +62,15 @@ def choose(seconds: dict) -> str:
 
 def faster_cpu_precision(model: ModelConfig, vocab_size: int, log: Callable[[str], None] = lambda msg: None) -> str:
     """fp32 or bf16, whichever trains ``model``'s shape faster on this CPU: cached, else measured and cached."""
-    path, key = cache_path(), cache_key(model, vocab_size)
-    try:
-        cache = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        cache = {}
-    if not isinstance(cache, dict):
-        cache = {}
-    if isinstance(cache.get(key), dict) and cache[key].get("precision") in ("fp32", "bf16"):
-        return cache[key]["precision"]
+    key = cache_key(model, vocab_size)
+    kept = recall(key)
+    if kept is not None and kept.get("precision") in ("fp32", "bf16"):
+        return kept["precision"]
     seconds = measure(model, vocab_size)
     precision = choose(seconds)
     log(
         f"precision auto: bf16 {seconds['fp32'] / seconds['bf16']:.2f}x fp32's speed on this CPU, so {precision} "
-        f"(kept in {path})"
+        f"(kept in {cache_path()})"
     )
-    cache[key] = {"precision": precision, "fp32_s": seconds["fp32"], "bf16_s": seconds["bf16"]}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_file(path) as f:
-            f.write(json.dumps(cache, indent=2) + "\n")
-    except OSError:
-        pass  # an unwritable cache only means measuring again next time
+    remember(key, {"precision": precision, "fp32_s": seconds["fp32"], "bf16_s": seconds["bf16"]})
     return precision
