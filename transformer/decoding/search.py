@@ -52,8 +52,8 @@ def max_output_lengths(src_lengths: Tensor, max_len_a: float, max_len_b: int) ->
 def _eval_mode(model: nn.Module) -> Iterator[None]:
     """Run in eval mode (no dropout) and restore the caller's mode afterwards.
 
-    A model whose own flag says eval is taken as in eval: setting the flag walks every submodule, which at
-    one sentence per search costs more than its encoder's attention.
+    A model whose own flag says eval is taken as in eval: setting the flag walks every submodule, which for a
+    search of one sentence costs about as much as one of its decoding steps.
     """
     if not model.training:
         yield
