@@ -211,8 +211,12 @@ def test_ctrl_c_while_loading_stops_the_worker_once_it_has_loaded(translator):
         signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
         sent.set()
 
-    threading.Thread(target=interrupt).start()
-    with pytest.raises(KeyboardInterrupt):
-        Batcher(load, max_wait=0.0, max_pending=100)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C's, also where the tests run with
+    try:  # SIGINT ignored (started with nohup or &, as tests/cli_helpers.py notes)
+        threading.Thread(target=interrupt).start()
+        with pytest.raises(KeyboardInterrupt):
+            Batcher(load, max_wait=0.0, max_pending=100)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert loaded.is_set()
     assert not any(t.name == "tfm-serve-model" for t in threading.enumerate())
