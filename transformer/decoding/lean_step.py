@@ -21,6 +21,14 @@ from transformer.model.transformer import DecoderLayer, Transformer, sinusoids
 Map = Callable[[Tensor], Tensor]
 
 
+def layer_norm(norm: nn.Module) -> Map:
+    """A LayerNorm's forward with its parameters looked up once (an Identity's as it is)."""
+    if not isinstance(norm, nn.LayerNorm):
+        return norm.forward
+    shape, weight, bias, eps = norm.normalized_shape, norm.weight, norm.bias, norm.eps
+    return lambda x: F.layer_norm(x, shape, weight, bias, eps)
+
+
 class LeanLayer:
     """One decoder layer's step on rows [R, d_model], through the layer's own maps and norms."""
 
@@ -33,7 +41,7 @@ class LeanLayer:
         self.cross_out: Map = cross.out_proj.forward
         self.w_1: Map = layer.ff.w_1.forward
         self.w_2: Map = layer.ff.w_2.forward
-        self.norms: list[Map] = [norm.forward for norm in layer.norms]
+        self.norms: list[Map] = [layer_norm(norm) for norm in layer.norms]
         self.norm_first = layer.norm_first
 
     def sublayer(self, x: Tensor, i: int, f: Map) -> Tensor:
@@ -72,7 +80,7 @@ class LeanDecoding(nn.Module):
         self.encode = model.encode
         self.start_state = model.start_state
         self.layers = [LeanLayer(layer) for layer in model.decoder.layers]
-        self.final_norm: Map = model.decoder.norm.forward
+        self.final_norm: Map = layer_norm(model.decoder.norm)
         self.generator: Map = model.generator.forward
         self.train(model.training)
 

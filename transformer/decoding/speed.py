@@ -80,18 +80,17 @@ class StepLinear(nn.Module):
         w = weight.detach()
         b = torch.zeros(self.out_features, dtype=w.dtype, device=w.device) if bias is None else bias.detach()
         self.weight, self.bias = w, b  # the model's own tensors, not copies
+        self.blocks, self.block_bias = w.view(self.p, -1, self.in_features), b.view(self.p, -1, 1)
         self.packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS) if onednn_linear_available() else None
 
     def forward(self, x: Tensor) -> Tensor:
-        rows = x.reshape(-1, self.in_features)
-        if rows.size(0) == 1:
-            blocks = self.weight.view(self.p, -1, self.in_features)
-            y = torch.baddbmm(self.bias.view(self.p, -1, 1), blocks, rows.t().expand(self.p, -1, -1))
-        elif self.packed is not None and rows.dtype == self.weight.dtype:  # not under an autocast
-            y = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
-        else:
-            y = F.linear(rows, self.weight, self.bias)
-        return y.reshape(*x.shape[:-1], self.out_features)
+        if x.dim() != 2:
+            return self.forward(x.reshape(-1, self.in_features)).reshape(*x.shape[:-1], self.out_features)
+        if x.size(0) == 1:
+            return torch.baddbmm(self.block_bias, self.blocks, x.t().expand(self.p, -1, -1)).view(1, -1)
+        if self.packed is not None and x.dtype == self.weight.dtype:  # not under an autocast
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
 
 
 class StepParts(nn.Module):
@@ -103,9 +102,10 @@ class StepParts(nn.Module):
         self.parts = nn.ModuleDict(
             {f"{s.start}:{s.stop}": StepLinear(linear.weight[s], linear.bias[s], p) for s in parts}
         )
+        self._forwards = {(s.start, s.stop): self.parts[f"{s.start}:{s.stop}"].forward for s in parts}
 
     def part(self, x: Tensor, rows: slice) -> Tensor:
-        return self.parts[f"{rows.start}:{rows.stop}"](x)
+        return self._forwards[rows.start, rows.stop](x)
 
 
 def for_cpu_decoding(model: Transformer, p: int) -> Transformer:
