@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer.model.decoder_state import DecoderState
-from transformer.model.transformer import DecoderLayer, Transformer, sinusoids
+from transformer.model.transformer import DecoderLayer, Transformer
 
 Map = Callable[[Tensor], Tensor]
 
@@ -84,16 +84,11 @@ class LeanDecoding(nn.Module):
         self.generator: Map = model.generator.forward
         self.train(model.training)
 
-    def position(self, t: int) -> Tensor:
-        """The positional encoding of position t, as PositionalEncoding adds it."""
-        table = self.model.positions.table
-        return table[t] if t < table.size(0) else sinusoids(t, 1, table.size(1))[0].to(table.device)
-
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
         """Transformer.decode_step: the next position's logits [R, V]; appends to the state's cache."""
         m, t = self.model, state.length
         state.reserve(t + 1)
-        y = F.embedding(tokens, m.tgt_embed.weight) * m.scale + self.position(t)
+        y = F.embedding(tokens, m.tgt_embed.weight) * m.scale + m.positions.at(t, 1)
         for i, layer in enumerate(self.layers):
             y = layer.step(y, state.self_kv[:, i], t, state.cross_kv[:, i], state.src_mask, state.beam)
         state.length = t + 1

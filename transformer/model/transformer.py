@@ -46,10 +46,13 @@ class PositionalEncoding(nn.Module):
 
     def forward(self, x: Tensor, start: int = 0) -> Tensor:
         """x [B, T, d_model] holds positions start..start+T-1."""
-        end = start + x.size(1)
-        if end <= self.table.size(0):
-            return x + self.table[start:end]
-        return x + sinusoids(start, x.size(1), self.d_model).to(x.device, x.dtype)
+        return x + self.at(start, x.size(1))
+
+    def at(self, start: int, length: int) -> Tensor:
+        """The encodings of positions start..start+length-1 [length, d_model]: the table's, or computed past it."""
+        if start + length <= self.table.size(0):
+            return self.table[start : start + length]
+        return sinusoids(start, length, self.d_model).to(self.table)
 
 
 def safe_mask(keep: Tensor) -> tuple[Tensor, Tensor]:
