@@ -100,6 +100,7 @@ class Trainer:
             with StopSignals(self.log) as self.signals, hold:
                 return self._run()
         finally:
+            vars(self).pop("update", None)  # its DDP wrapper holds the process group: free it before the group goes
             distributed.close()
 
     # ----- set-up -------------------------------------------------------------------------------------------
