@@ -32,7 +32,7 @@ from bench.train_speed import bench_batches, model_factory, optimizer, tfm_step
 from transformer import checkpoint
 from transformer.config import Config, DataConfig
 from transformer.decoding.lean_step import LeanDecoding
-from transformer.decoding.search import greedy_search
+from transformer.decoding.search import beam_search, greedy_search
 from transformer.decoding.speed import for_cpu_decoding, row_topk
 from transformer.model.speed import Dropout
 from transformer.process import OMP_KEYS, SHARED_CPU
@@ -268,6 +268,32 @@ def step_layout(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> lis
     ]
 
 
+def cross_folding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[dict[str, Any]]:
+    """Greedy and beam 5 search one sentence at a time through the lean step, cross-attention as SDPA over K and V
+    and folded into its projections (decoding.cross_fold), as the Translator decodes in fp32 on the CPU."""
+    tok = loaded.tokenizer
+    laid_out = for_cpu_decoding(loaded.model.eval(), torch.get_num_threads())
+    models = {"without": LeanDecoding(laid_out), "with": LeanDecoding(laid_out, fold=True)}
+    ids = tok.encode_batch(lines)
+    chunks = [ids[k : k + 16] for k in range(0, len(ids), 16)][:rounds]  # 16 lines a round
+    s, e = tok.start_id, tok.end_id
+    searches: dict[str, Callable[[nn.Module, Tensor], list[int]]] = {
+        "greedy, batch 1": lambda m, src: greedy_search(m, src, s, e)[0].tokens,
+        "beam 5, batch 1": lambda m, src: beam_search(m, src, s, e, beam=5)[0][0].tokens,
+    }
+    rows = []
+    for workload, search in searches.items():
+
+        def by_line(m: nn.Module, search=search) -> Callable[[int], list[list[int]]]:
+            return lambda r: [search(m, source_tensor([x], tok)) for x in chunks[r]]
+
+        outs: dict[str, dict[int, Any]] = {k: {} for k in models}
+        times = interleave({k: recording(by_line(m), outs[k]) for k, m in models.items()}, len(chunks))
+        same = outs["without"] == outs["with"]
+        rows.append(lever_row("cross-attention folded (CPU fp32)", workload, times, same))
+    return rows
+
+
 def measure(loaded: checkpoint.Loaded, data: str, lines: list[str], quick: bool, cache: str) -> list[dict[str, Any]]:
     """Every lever above but torch.compile, on the small shape's training batches and the test set's lines."""
     rounds = 4 if quick else 8
@@ -279,6 +305,7 @@ def measure(loaded: checkpoint.Loaded, data: str, lines: list[str], quick: bool,
         + search_kernels(loaded, lines, rounds)
         + decoding(loaded, lines, rounds)
         + step_layout(loaded, lines, rounds)
+        + cross_folding(loaded, lines, rounds)
     )
 
 

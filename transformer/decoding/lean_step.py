@@ -4,7 +4,9 @@
 attention that splits and merges heads for any number of positions. At a decoding step's few rows, calling
 those pieces costs more than their arithmetic. ``LeanDecoding.decode_step`` computes the same values from the
 same layers (each matrix through the layer's own linear map: nn.Linear, ``StepLinear`` or ``Int8Linear``), for
-one position, with one call per operation. Eval mode only, as search runs it: no dropout is applied.
+one position, with one call per operation. Eval mode only, as search runs it: no dropout is applied. With ``fold``
+(float weights), a batch of few sentences gets its cross-attention folded into its projections
+(decoding.cross_fold).
 """
 
 from __future__ import annotations
@@ -12,9 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from transformer.decoding import cross_fold
+from transformer.decoding.cross_fold import FoldedState
 from transformer.model.decoder_state import DecoderState
 from transformer.model.transformer import DecoderLayer, Transformer
 
@@ -39,6 +44,9 @@ class LeanLayer:
         self.self_out: Map = self_attn.out_proj.forward
         self.cross_q: Map = partial(cross.in_proj.part, rows=cross.query_rows)
         self.cross_out: Map = cross.out_proj.forward
+        self.cross = cross
+        self.cross_out_bias: Tensor | None = getattr(cross.out_proj, "bias", None)
+        self.fold_weights: tuple[Tensor, Tensor] | None = None
         self.w_1: Map = layer.ff.w_1.forward
         self.w_2: Map = layer.ff.w_2.forward
         self.norms: list[Map] = [layer_norm(norm) for norm in layer.norms]
@@ -50,8 +58,18 @@ class LeanLayer:
             return x + f(self.norms[i](x))
         return self.norms[i](x + f(x))
 
-    def step(self, y: Tensor, cache: Tensor, t: int, cross: Tensor, mask: Tensor, beam: int) -> Tensor:
-        """DecoderLayer.step for rows y [R, d_model] (its y [R, 1, d_model])."""
+    def fold(self, kv: Tensor, keep: Tensor) -> tuple[Tensor, Tensor]:
+        """This layer's folded cross-attention (cross_fold.fold) from its K and V [n, 2, h, S, d_k]; float weights."""
+        if self.fold_weights is None:
+            w, b, rows = self.cross.in_proj.weight, self.cross.in_proj.bias, self.cross.query_rows
+            self.fold_weights = cross_fold.fold_weights(w[rows], b[rows], self.cross.out_proj.weight, self.h)
+        return cross_fold.fold(kv, keep, *self.fold_weights)
+
+    def step(
+        self, y: Tensor, cache: Tensor, t: int, cross: Tensor, mask: Tensor, beam: int, folded: bool = False
+    ) -> Tensor:
+        """DecoderLayer.step for rows y [R, d_model] (its y [R, 1, d_model]); ``folded``: cross and mask are this
+        layer's folded cross-attention and its score bias (cross_fold.fold)."""
         R, h, d_k = y.size(0), self.h, self.d_k
 
         def self_attend(z: Tensor) -> Tensor:
@@ -65,31 +83,46 @@ class LeanLayer:
             out = F.scaled_dot_product_attention(q, cross[:, 0], cross[:, 1], mask)
             return self.cross_out(out.transpose(1, 2).reshape(R, h * d_k))
 
+        def folded_attend(z: Tensor) -> Tensor:
+            return cross_fold.attend(z, cross, mask, self.cross_out_bias, h, beam)
+
         y = self.sublayer(y, 0, self_attend)
-        y = self.sublayer(y, 1, cross_attend)
+        y = self.sublayer(y, 1, folded_attend if folded else cross_attend)
         return self.sublayer(y, 2, lambda z: self.w_2(F.relu(self.w_1(z))))
 
 
 class LeanDecoding(nn.Module):
-    """``model`` for search (``pad_id``, ``encode``, ``start_state``, ``decode_step``), its step made lean."""
+    """``model`` for search (``pad_id``, ``encode``, ``start_state``, ``decode_step``), its step made lean; with
+    ``fold`` (a model with float weights), cross-attention is folded for batches where that reads less."""
 
-    def __init__(self, model: Transformer) -> None:
+    def __init__(self, model: Transformer, fold: bool = False) -> None:
         super().__init__()
         self.model = model
+        self.fold = fold
         self.pad_id = model.pad_id
         self.encode = model.encode
-        self.start_state = model.start_state
         self.layers = [LeanLayer(layer) for layer in model.decoder.layers]
         self.final_norm: Map = layer_norm(model.decoder.norm)
         self.generator: Map = model.generator.forward
         self.train(model.training)
+
+    def start_state(self, memory: Tensor, src_keep: Tensor) -> DecoderState:
+        """Transformer.start_state, its cross-attention folded when ``fold`` and ``cross_fold.worth_folding``."""
+        state = self.model.start_state(memory, src_keep)
+        n, _, _, h, S, d_k = state.cross_kv.shape
+        if not self.fold or not cross_fold.worth_folding(n, S, h, h * d_k):
+            return state
+        parts = [layer.fold(state.cross_kv[:, i], state.src_mask) for i, layer in enumerate(self.layers)]
+        return FoldedState(state, torch.stack([ab for ab, _ in parts], 1), torch.stack([b for _, b in parts], 1))
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
         """Transformer.decode_step: the next position's logits [R, V]; appends to the state's cache."""
         m, t = self.model, state.length
         state.reserve(t + 1)
         y = F.embedding(tokens, m.tgt_embed.weight) * m.scale + m.positions.at(t, 1)
+        folded = isinstance(state, FoldedState)
         for i, layer in enumerate(self.layers):
-            y = layer.step(y, state.self_kv[:, i], t, state.cross_kv[:, i], state.src_mask, state.beam)
+            mask = state.src_mask[:, i] if folded else state.src_mask
+            y = layer.step(y, state.self_kv[:, i], t, state.cross_kv[:, i], mask, state.beam, folded)
         state.length = t + 1
         return self.generator(self.final_norm(y))

@@ -2,7 +2,8 @@
 
 fp32 (on the CPU the decoder's matrices laid out for a step's few rows: decoding.speed.for_cpu_decoding), bf16 or
 fp16 (autocast over a copy whose weights are cast once: decoding.speed.matmul_weights_in), int8 on the CPU
-(decoding.int8); on the CPU every step runs through decoding.lean_step. ``auto`` names none of them: it is
+(decoding.int8); on the CPU every step runs through decoding.lean_step, in fp32 with cross-attention folded where
+that reads less (decoding.cross_fold). ``auto`` names none of them: it is
 resolved to one first (decoding.auto_precision).
 """
 
@@ -41,7 +42,7 @@ def decoding_model(model: Transformer, precision: str, device: torch.device) -> 
     elif PRECISIONS[precision].mixed:
         model = matmul_weights_in(model, PRECISIONS[precision].dtype)
     elif device.type == "cpu":
-        model = for_cpu_decoding(model.eval(), torch.get_num_threads())
+        return LeanDecoding(for_cpu_decoding(model.eval(), torch.get_num_threads()), fold=True)
     return LeanDecoding(model) if device.type == "cpu" else model.eval()
 
 

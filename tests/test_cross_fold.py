@@ -1,0 +1,91 @@
+"""Cross-attention folded into its projections gives the model's own steps and searches, for the batches it is
+used on: one sentence or a few short ones, padded, a source of only <PAD>, beams, sentences leaving the batch."""
+
+import pytest
+import torch
+
+from transformer.decoding.cross_fold import FoldedState, worth_folding
+from transformer.decoding.lean_step import LeanDecoding
+from transformer.decoding.precision import decoding_model
+from transformer.decoding.search import beam_search, greedy_search
+from transformer.decoding.speed import for_cpu_decoding
+from transformer.model.transformer import Transformer
+
+
+def _model() -> Transformer:
+    """A model whose biases are not zero (they are at initialisation), so that the query bias's term counts."""
+    torch.manual_seed(0)
+    model = Transformer(50, 50, 0, N=2, d_model=32, d_ff=64, h=4, max_positions=16).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    return model
+
+
+def _steps(model, src: torch.Tensor, tokens: torch.Tensor, beam: int) -> torch.Tensor:
+    """Logits of len(tokens) steps; with beam > 1 each sentence widens to beam rows after the first step."""
+    with torch.inference_mode():
+        state = model.start_state(*model.encode(src))
+        out = [model.decode_step(tokens[: src.size(0), 0], state)]
+        if beam > 1:
+            state.select(torch.arange(src.size(0)).repeat_interleave(beam), beam=beam)
+        out += [model.decode_step(tokens[:, t], state) for t in range(1, tokens.size(1))]
+    return torch.cat(out)
+
+
+def test_folding_pays_for_few_sentences_only():
+    assert worth_folding(1, 15, 4, 256)  # 45 < 256
+    assert worth_folding(1, 30, 8, 512)  # the paper's shape, one sentence: 210 < 512
+    assert not worth_folding(32, 15, 4, 256)
+    assert not worth_folding(3, 30, 8, 512)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+@pytest.mark.parametrize("layout", ["stored", "cpu"])
+def test_folded_steps_equal_the_models_steps(beam, layout):
+    model = _model()
+    copy = {"stored": model, "cpu": for_cpu_decoding(model, 2)}[layout]
+    src = torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]])  # 2 sentences x 4 x (h - 1) < 32: folded
+    tokens = torch.randint(3, 50, (2 * beam, 10))
+    folded = LeanDecoding(copy, fold=True)
+    with torch.inference_mode():
+        assert isinstance(folded.start_state(*folded.encode(src)), FoldedState)
+    torch.testing.assert_close(_steps(folded, src, tokens, beam), _steps(model, src, tokens, beam), rtol=0, atol=1e-5)
+
+
+def test_a_source_of_only_padding_attends_as_in_the_model():
+    model = _model()
+    src = torch.tensor([[0, 0, 0]])
+    tokens = torch.randint(3, 50, (1, 4))
+    got = _steps(LeanDecoding(model, fold=True), src, tokens, 1)
+    torch.testing.assert_close(got, _steps(model, src, tokens, 1), rtol=0, atol=1e-5)
+
+
+def test_many_sentences_keep_the_unfolded_state():
+    model = _model()
+    folded = LeanDecoding(model, fold=True)
+    with torch.inference_mode():
+        state = folded.start_state(*folded.encode(torch.randint(3, 50, (8, 6))))
+    assert type(state).__name__ == "DecoderState"
+
+
+def test_searches_find_the_same_hypotheses_as_sentences_leave():
+    model = _model()
+    folded = LeanDecoding(for_cpu_decoding(model, 2), fold=True)
+    src = torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]])  # limits 1 * length + 2: the second sentence leaves first
+
+    def greedy(m):
+        return [(h.tokens, round(h.score, 4)) for h in greedy_search(m, src, 1, 2, 1.0, 2)]
+
+    def beam(m):
+        return [[(h.tokens, round(h.score, 4)) for h in hs] for hs in beam_search(m, src, 1, 2, 3, nbest=3)]
+
+    assert greedy(folded) == greedy(model)
+    assert beam(folded) == beam(model)
+
+
+def test_fp32_decoding_on_the_cpu_folds():
+    model = _model()
+    assert decoding_model(model, "fp32", torch.device("cpu")).fold
+    assert not decoding_model(model, "bf16", torch.device("cpu")).fold
+    assert not decoding_model(model, "int8", torch.device("cpu")).fold
