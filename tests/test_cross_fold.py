@@ -3,6 +3,7 @@ used on: one sentence or a few short ones, padded, a source of only <PAD>, beams
 
 import pytest
 import torch
+from steps import step_logits
 
 from transformer.decoding.cross_fold import FoldedState, worth_folding
 from transformer.decoding.lean_step import LeanDecoding
@@ -22,17 +23,6 @@ def _model() -> Transformer:
     return model
 
 
-def _steps(model, src: torch.Tensor, tokens: torch.Tensor, beam: int) -> torch.Tensor:
-    """Logits of len(tokens) steps; with beam > 1 each sentence widens to beam rows after the first step."""
-    with torch.inference_mode():
-        state = model.start_state(*model.encode(src))
-        out = [model.decode_step(tokens[: src.size(0), 0], state)]
-        if beam > 1:
-            state.select(torch.arange(src.size(0)).repeat_interleave(beam), beam=beam)
-        out += [model.decode_step(tokens[:, t], state) for t in range(1, tokens.size(1))]
-    return torch.cat(out)
-
-
 def test_folding_pays_for_few_sentences_only():
     assert worth_folding(1, 15, 4, 256)  # 45 < 256
     assert worth_folding(1, 30, 8, 512)  # the paper's shape, one sentence: 210 < 512
@@ -42,7 +32,7 @@ def test_folding_pays_for_few_sentences_only():
 
 @pytest.mark.parametrize("beam", [1, 3])
 @pytest.mark.parametrize("layout", ["stored", "cpu"])
-def test_folded_steps_equal_the_models_steps(beam, layout):
+def test_folded_steps_equal_the_modelsstep_logits(beam, layout):
     model = _model()
     copy = {"stored": model, "cpu": for_cpu_decoding(model, 2)}[layout]
     src = torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]])  # 2 sentences x 4 x (h - 1) < 32: folded
@@ -50,15 +40,16 @@ def test_folded_steps_equal_the_models_steps(beam, layout):
     folded = LeanDecoding(copy, fold=True)
     with torch.inference_mode():
         assert isinstance(folded.start_state(*folded.encode(src)), FoldedState)
-    torch.testing.assert_close(_steps(folded, src, tokens, beam), _steps(model, src, tokens, beam), rtol=0, atol=1e-5)
+    want = step_logits(model, src, tokens, beam)
+    torch.testing.assert_close(step_logits(folded, src, tokens, beam), want, rtol=0, atol=1e-5)
 
 
 def test_a_source_of_only_padding_attends_as_in_the_model():
     model = _model()
     src = torch.tensor([[0, 0, 0]])
     tokens = torch.randint(3, 50, (1, 4))
-    got = _steps(LeanDecoding(model, fold=True), src, tokens, 1)
-    torch.testing.assert_close(got, _steps(model, src, tokens, 1), rtol=0, atol=1e-5)
+    got = step_logits(LeanDecoding(model, fold=True), src, tokens, 1)
+    torch.testing.assert_close(got, step_logits(model, src, tokens, 1), rtol=0, atol=1e-5)
 
 
 def test_many_sentences_keep_the_unfolded_state():

@@ -4,6 +4,7 @@ embeddings, beams sharing a sentence's cross-attention, positions past the preco
 
 import pytest
 import torch
+from steps import step_logits
 
 from transformer.decoding.int8 import int8_copy
 from transformer.decoding.lean_step import LeanDecoding
@@ -19,36 +20,25 @@ def _model(norm_first: bool = False, tie: bool = True) -> Transformer:
     ).eval()
 
 
-def _steps(model, src: torch.Tensor, tokens: torch.Tensor, beam: int) -> torch.Tensor:
-    """Logits of len(tokens) steps; with beam > 1 each sentence widens to beam rows after the first step."""
-    with torch.inference_mode():
-        state = model.start_state(*model.encode(src))
-        out = [model.decode_step(tokens[: src.size(0), 0], state)]
-        if beam > 1:
-            state.select(torch.arange(src.size(0)).repeat_interleave(beam), beam=beam)
-        out += [model.decode_step(tokens[:, t], state) for t in range(1, tokens.size(1))]
-    return torch.cat(out)
-
-
 @pytest.mark.parametrize("norm_first,tie", [(False, True), (True, False)])
 @pytest.mark.parametrize("beam", [1, 3])
 @pytest.mark.parametrize("layout", ["stored", "cpu", "int8"])
-def test_lean_steps_equal_the_models_steps(norm_first, tie, beam, layout):
+def test_lean_steps_equal_the_modelsstep_logits(norm_first, tie, beam, layout):
     model = _model(norm_first, tie)
     copy = {"stored": model, "cpu": for_cpu_decoding(model, 2), "int8": int8_copy(model)}[layout]
     src = torch.randint(3, 50, (2, 6))
     src[1, 4:] = 0  # padding
     tokens = torch.randint(3, 50, (2 * beam, 12))  # 12 positions: past the table of 8
-    want = _steps(copy, src, tokens, beam)
-    torch.testing.assert_close(_steps(LeanDecoding(copy), src, tokens, beam), want, rtol=0, atol=1e-5)
+    want = step_logits(copy, src, tokens, beam)
+    torch.testing.assert_close(step_logits(LeanDecoding(copy), src, tokens, beam), want, rtol=0, atol=1e-5)
 
 
 def test_lean_steps_under_bf16_autocast_equal_the_models():
     model = matmul_weights_in(_model(), torch.bfloat16)
     src, tokens = torch.randint(3, 50, (3, 7)), torch.randint(3, 50, (3, 5))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        want = _steps(model, src, tokens, 1)
-        got = _steps(LeanDecoding(model), src, tokens, 1)
+        want = step_logits(model, src, tokens, 1)
+        got = step_logits(LeanDecoding(model), src, tokens, 1)
     assert got.dtype == want.dtype
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 

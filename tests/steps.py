@@ -1,0 +1,16 @@
+"""Logits of a model's incremental decoding steps, for tests that compare two ways of taking them."""
+
+from __future__ import annotations
+
+import torch
+
+
+def step_logits(model, src: torch.Tensor, tokens: torch.Tensor, beam: int) -> torch.Tensor:
+    """Logits of len(tokens) steps; with beam > 1 each sentence widens to beam rows after the first step."""
+    with torch.inference_mode():
+        state = model.start_state(*model.encode(src))
+        out = [model.decode_step(tokens[: src.size(0), 0], state)]
+        if beam > 1:
+            state.select(torch.arange(src.size(0)).repeat_interleave(beam), beam=beam)
+        out += [model.decode_step(tokens[:, t], state) for t in range(1, tokens.size(1))]
+    return torch.cat(out)
