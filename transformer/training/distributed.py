@@ -16,7 +16,6 @@ Without torchrun, or with one process, every helper here is a no-op and training
 from __future__ import annotations
 
 import contextlib
-import gc
 import inspect
 import math
 import os
@@ -84,13 +83,8 @@ def init(device: torch.device) -> None:
 
 
 def close() -> None:
-    """Leave the process group, if this process joined one.
-
-    Objects that held the group and are now unreachable (a DDP wrapper and its reducer, in a reference cycle) are
-    collected first, so that nothing of Gloo's is left for the interpreter's exit to tear down.
-    """
+    """Leave the process group, if this process joined one."""
     if dist.is_initialized():
-        gc.collect()
         dist.destroy_process_group()
 
 
