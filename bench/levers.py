@@ -31,6 +31,7 @@ from bench.common import DEFAULT_DATA, ROOT, interleave, median, paired_ratio, s
 from bench.train_speed import bench_batches, model_factory, optimizer, tfm_step
 from transformer import checkpoint
 from transformer.config import Config, DataConfig
+from transformer.decoding.int8 import int8_copy
 from transformer.decoding.lean_step import LeanDecoding
 from transformer.decoding.search import beam_search, greedy_search
 from transformer.decoding.speed import for_cpu_decoding, row_topk
@@ -270,10 +271,14 @@ def step_layout(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> lis
 
 def cross_folding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[dict[str, Any]]:
     """Greedy and beam 5 search one sentence at a time through the lean step, cross-attention as SDPA over K and V
-    and folded into its projections (decoding.cross_fold), as the Translator decodes in fp32 on the CPU."""
-    tok = loaded.tokenizer
-    laid_out = for_cpu_decoding(loaded.model.eval(), torch.get_num_threads())
-    models = {"without": LeanDecoding(laid_out), "with": LeanDecoding(laid_out, fold=True)}
+    and folded into its float projections (decoding.cross_fold), as the Translator decodes in fp32 and int8 on the
+    CPU. int8's outputs may differ: folded, its cross-attention projections are the fp32 ones."""
+    tok, model = loaded.tokenizer, loaded.model.eval()
+    laid_out, q = for_cpu_decoding(model, torch.get_num_threads()), int8_copy(model)
+    pairs = {
+        "fp32": {"without": LeanDecoding(laid_out), "with": LeanDecoding(laid_out, fold=laid_out)},
+        "int8": {"without": LeanDecoding(q), "with": LeanDecoding(q, fold=model)},
+    }
     ids = tok.encode_batch(lines)
     chunks = [ids[k : k + 16] for k in range(0, len(ids), 16)][:rounds]  # 16 lines a round
     s, e = tok.start_id, tok.end_id
@@ -282,15 +287,16 @@ def cross_folding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> l
         "beam 5, batch 1": lambda m, src: beam_search(m, src, s, e, beam=5)[0][0].tokens,
     }
     rows = []
-    for workload, search in searches.items():
+    for precision, models in pairs.items():
+        for workload, search in searches.items():
 
-        def by_line(m: nn.Module, search=search) -> Callable[[int], list[list[int]]]:
-            return lambda r: [search(m, source_tensor([x], tok)) for x in chunks[r]]
+            def by_line(m: nn.Module, search=search) -> Callable[[int], list[list[int]]]:
+                return lambda r: [search(m, source_tensor([x], tok)) for x in chunks[r]]
 
-        outs: dict[str, dict[int, Any]] = {k: {} for k in models}
-        times = interleave({k: recording(by_line(m), outs[k]) for k, m in models.items()}, len(chunks))
-        same = outs["without"] == outs["with"]
-        rows.append(lever_row("cross-attention folded (CPU fp32)", workload, times, same))
+            outs: dict[str, dict[int, Any]] = {k: {} for k in models}
+            times = interleave({k: recording(by_line(m), outs[k]) for k, m in models.items()}, len(chunks))
+            same = outs["without"] == outs["with"]
+            rows.append(lever_row(f"cross-attention folded (CPU {precision})", workload, times, same))
     return rows
 
 

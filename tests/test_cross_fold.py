@@ -6,6 +6,7 @@ import torch
 from steps import step_logits
 
 from transformer.decoding.cross_fold import FoldedState, worth_folding
+from transformer.decoding.int8 import int8_copy
 from transformer.decoding.lean_step import LeanDecoding
 from transformer.decoding.precision import decoding_model
 from transformer.decoding.search import beam_search, greedy_search
@@ -37,7 +38,7 @@ def test_folded_steps_equal_the_modelsstep_logits(beam, layout):
     copy = {"stored": model, "cpu": for_cpu_decoding(model, 2)}[layout]
     src = torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]])  # 2 sentences x 4 x (h - 1) < 32: folded
     tokens = torch.randint(3, 50, (2 * beam, 10))
-    folded = LeanDecoding(copy, fold=True)
+    folded = LeanDecoding(copy, fold=copy)
     with torch.inference_mode():
         assert isinstance(folded.start_state(*folded.encode(src)), FoldedState)
     want = step_logits(model, src, tokens, beam)
@@ -48,13 +49,13 @@ def test_a_source_of_only_padding_attends_as_in_the_model():
     model = _model()
     src = torch.tensor([[0, 0, 0]])
     tokens = torch.randint(3, 50, (1, 4))
-    got = step_logits(LeanDecoding(model, fold=True), src, tokens, 1)
+    got = step_logits(LeanDecoding(model, fold=model), src, tokens, 1)
     torch.testing.assert_close(got, step_logits(model, src, tokens, 1), rtol=0, atol=1e-5)
 
 
 def test_many_sentences_keep_the_unfolded_state():
     model = _model()
-    folded = LeanDecoding(model, fold=True)
+    folded = LeanDecoding(model, fold=model)
     with torch.inference_mode():
         state = folded.start_state(*folded.encode(torch.randint(3, 50, (8, 6))))
     assert type(state).__name__ == "DecoderState"
@@ -62,7 +63,8 @@ def test_many_sentences_keep_the_unfolded_state():
 
 def test_searches_find_the_same_hypotheses_as_sentences_leave():
     model = _model()
-    folded = LeanDecoding(for_cpu_decoding(model, 2), fold=True)
+    fast = for_cpu_decoding(model, 2)
+    folded = LeanDecoding(fast, fold=fast)
     src = torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]])  # limits 1 * length + 2: the second sentence leaves first
 
     def greedy(m):
@@ -75,8 +77,24 @@ def test_searches_find_the_same_hypotheses_as_sentences_leave():
     assert beam(folded) == beam(model)
 
 
-def test_fp32_decoding_on_the_cpu_folds():
+def test_an_int8_copy_folds_its_float_originals_cross_attention():
+    """int8 steps with cross-attention folded from the fp32 weights: within int8's rounding of the fp32 model, and
+    closer to it than int8's own cross-attention projections are."""
+    model = _model()
+    src = torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]])
+    tokens = torch.randint(3, 50, (2, 8))
+    want = step_logits(model, src, tokens, 1)
+    q = int8_copy(model)
+    folded = LeanDecoding(q, fold=model)
+    with torch.inference_mode():
+        assert isinstance(folded.start_state(*folded.encode(src)), FoldedState)
+    got, unfolded = step_logits(folded, src, tokens, 1), step_logits(LeanDecoding(q), src, tokens, 1)
+    assert (got - want).abs().max() < 0.05 * want.abs().max()
+    assert (got - want).abs().mean() < (unfolded - want).abs().mean()
+
+
+def test_cpu_decoding_folds_in_fp32_and_int8():
     model = _model()
     assert decoding_model(model, "fp32", torch.device("cpu")).fold
+    assert decoding_model(model, "int8", torch.device("cpu")).fold
     assert not decoding_model(model, "bf16", torch.device("cpu")).fold
-    assert not decoding_model(model, "int8", torch.device("cpu")).fold

@@ -4,9 +4,9 @@
 attention that splits and merges heads for any number of positions. At a decoding step's few rows, calling
 those pieces costs more than their arithmetic. ``LeanDecoding.decode_step`` computes the same values from the
 same layers (each matrix through the layer's own linear map: nn.Linear, ``StepLinear`` or ``Int8Linear``), for
-one position, with one call per operation. Eval mode only, as search runs it: no dropout is applied. With ``fold``
-(float weights), a batch of few sentences gets its cross-attention folded into its projections
-(decoding.cross_fold).
+one position, with one call per operation. Eval mode only, as search runs it: no dropout is applied. Given a model
+with float weights to ``fold`` from (the model itself, or the original of an int8 copy), a batch of few sentences gets
+its cross-attention folded into those projections (decoding.cross_fold).
 """
 
 from __future__ import annotations
@@ -35,17 +35,17 @@ def layer_norm(norm: nn.Module) -> Map:
 
 
 class LeanLayer:
-    """One decoder layer's step on rows [R, d_model], through the layer's own maps and norms."""
+    """One decoder layer's step on rows [R, d_model], through the layer's own maps and norms; ``fold_from``: the layer
+    whose float cross-attention weights folding uses (this one, or its float original)."""
 
-    def __init__(self, layer: DecoderLayer) -> None:
+    def __init__(self, layer: DecoderLayer, fold_from: DecoderLayer | None = None) -> None:
         self_attn, cross = layer.self_attn, layer.cross_attn
         self.h, self.d_k = self_attn.h, self_attn.d_k
         self.qkv: Map = self_attn.in_proj.forward
         self.self_out: Map = self_attn.out_proj.forward
         self.cross_q: Map = partial(cross.in_proj.part, rows=cross.query_rows)
         self.cross_out: Map = cross.out_proj.forward
-        self.cross = cross
-        self.cross_out_bias: Tensor | None = getattr(cross.out_proj, "bias", None)
+        self.fold_from = None if fold_from is None else fold_from.cross_attn
         self.fold_weights: tuple[Tensor, Tensor] | None = None
         self.w_1: Map = layer.ff.w_1.forward
         self.w_2: Map = layer.ff.w_2.forward
@@ -59,10 +59,11 @@ class LeanLayer:
         return self.norms[i](x + f(x))
 
     def fold(self, kv: Tensor, keep: Tensor) -> tuple[Tensor, Tensor]:
-        """This layer's folded cross-attention (cross_fold.fold) from its K and V [n, 2, h, S, d_k]; float weights."""
+        """This layer's folded cross-attention (cross_fold.fold) from its K and V [n, 2, h, S, d_k]."""
         if self.fold_weights is None:
-            w, b, rows = self.cross.in_proj.weight, self.cross.in_proj.bias, self.cross.query_rows
-            self.fold_weights = cross_fold.fold_weights(w[rows], b[rows], self.cross.out_proj.weight, self.h)
+            cross = self.fold_from
+            w, b, rows = cross.in_proj.weight.detach(), cross.in_proj.bias.detach(), cross.query_rows
+            self.fold_weights = cross_fold.fold_weights(w[rows], b[rows], cross.out_proj.weight.detach(), self.h)
         return cross_fold.fold(kv, keep, *self.fold_weights)
 
     def step(
@@ -84,7 +85,7 @@ class LeanLayer:
             return self.cross_out(out.transpose(1, 2).reshape(R, h * d_k))
 
         def folded_attend(z: Tensor) -> Tensor:
-            return cross_fold.attend(z, cross, mask, self.cross_out_bias, h, beam)
+            return cross_fold.attend(z, cross, mask, self.fold_from.out_proj.bias, h, beam)
 
         y = self.sublayer(y, 0, self_attend)
         y = self.sublayer(y, 1, folded_attend if folded else cross_attend)
@@ -93,15 +94,17 @@ class LeanLayer:
 
 class LeanDecoding(nn.Module):
     """``model`` for search (``pad_id``, ``encode``, ``start_state``, ``decode_step``), its step made lean; with
-    ``fold`` (a model with float weights), cross-attention is folded for batches where that reads less."""
+    ``fold``, a model with float weights (``model`` itself or its float original), cross-attention is folded for
+    batches where that reads less."""
 
-    def __init__(self, model: Transformer, fold: bool = False) -> None:
+    def __init__(self, model: Transformer, fold: Transformer | None = None) -> None:
         super().__init__()
         self.model = model
-        self.fold = fold
+        self.fold = fold is not None
         self.pad_id = model.pad_id
         self.encode = model.encode
-        self.layers = [LeanLayer(layer) for layer in model.decoder.layers]
+        sources = [None] * len(model.decoder.layers) if fold is None else list(fold.decoder.layers)
+        self.layers = [LeanLayer(layer, source) for layer, source in zip(model.decoder.layers, sources)]
         self.final_norm: Map = layer_norm(model.decoder.norm)
         self.generator: Map = model.generator.forward
         self.train(model.training)

@@ -2,8 +2,8 @@
 
 fp32 (on the CPU the model's matrices laid out for a step's few rows: decoding.speed.for_cpu_decoding), bf16 or
 fp16 (autocast over a copy whose weights are cast once: decoding.speed.matmul_weights_in), int8 on the CPU
-(decoding.int8); on the CPU every step runs through decoding.lean_step, in fp32 with cross-attention folded where
-that reads less (decoding.cross_fold). ``auto`` names none of them: it is
+(decoding.int8); on the CPU every step runs through decoding.lean_step, in fp32 and int8 with cross-attention folded
+into its float projections where that reads less (decoding.cross_fold). ``auto`` names none of them: it is
 resolved to one first (decoding.auto_precision).
 """
 
@@ -38,11 +38,12 @@ def check_decoding_precision(precision: str, device: torch.device) -> None:
 def decoding_model(model: Transformer, precision: str, device: torch.device) -> nn.Module:
     """``model`` as search decodes it in ``precision`` on ``device`` (a copy where the precision needs one)."""
     if precision == INT8:
-        model = int8_copy(model)
-    elif PRECISIONS[precision].mixed:
+        return LeanDecoding(int8_copy(model), fold=model)
+    if PRECISIONS[precision].mixed:
         model = matmul_weights_in(model, PRECISIONS[precision].dtype)
     elif device.type == "cpu":
-        return LeanDecoding(for_cpu_decoding(model.eval(), torch.get_num_threads()), fold=True)
+        fast = for_cpu_decoding(model.eval(), torch.get_num_threads())
+        return LeanDecoding(fast, fold=fast)
     return LeanDecoding(model) if device.type == "cpu" else model.eval()
 
 
