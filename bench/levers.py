@@ -276,7 +276,7 @@ def cross_folding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> l
     tok, model = loaded.tokenizer, loaded.model.eval()
     laid_out, q = for_cpu_decoding(model, torch.get_num_threads()), int8_copy(model)
     pairs = {
-        "fp32": {"without": LeanDecoding(laid_out), "with": LeanDecoding(laid_out, fold=laid_out)},
+        "fp32": {"without": LeanDecoding(laid_out), "with": LeanDecoding(laid_out, fold=model)},
         "int8": {"without": LeanDecoding(q), "with": LeanDecoding(q, fold=model)},
     }
     ids = tok.encode_batch(lines)

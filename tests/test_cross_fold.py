@@ -38,7 +38,7 @@ def test_folded_steps_equal_the_modelsstep_logits(beam, layout):
     copy = {"stored": model, "cpu": for_cpu_decoding(model, 2)}[layout]
     src = torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]])  # 2 sentences x 4 x (h - 1) < 32: folded
     tokens = torch.randint(3, 50, (2 * beam, 10))
-    folded = LeanDecoding(copy, fold=copy)
+    folded = LeanDecoding(copy, fold=model)
     with torch.inference_mode():
         assert isinstance(folded.start_state(*folded.encode(src)), FoldedState)
     want = step_logits(model, src, tokens, beam)
@@ -63,8 +63,7 @@ def test_many_sentences_keep_the_unfolded_state():
 
 def test_searches_find_the_same_hypotheses_as_sentences_leave():
     model = _model()
-    fast = for_cpu_decoding(model, 2)
-    folded = LeanDecoding(fast, fold=fast)
+    folded = LeanDecoding(for_cpu_decoding(model, 2), fold=model)
     src = torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]])  # limits 1 * length + 2: the second sentence leaves first
 
     def greedy(m):

@@ -36,7 +36,7 @@ def layer_norm(norm: nn.Module) -> Map:
 
 class LeanLayer:
     """One decoder layer's step on rows [R, d_model], through the layer's own maps and norms; ``fold_from``: the layer
-    whose float cross-attention weights folding uses (this one, or its float original)."""
+    as trained, whose float cross-attention weights folding uses (this one, or the original of a copy)."""
 
     def __init__(self, layer: DecoderLayer, fold_from: DecoderLayer | None = None) -> None:
         self_attn, cross = layer.self_attn, layer.cross_attn
@@ -94,8 +94,8 @@ class LeanLayer:
 
 class LeanDecoding(nn.Module):
     """``model`` for search (``pad_id``, ``encode``, ``start_state``, ``decode_step``), its step made lean; with
-    ``fold``, a model with float weights (``model`` itself or its float original), cross-attention is folded for
-    batches where that reads less."""
+    ``fold``, the model as trained (``model`` itself, or the original of a copy laid out for decoding or in int8),
+    cross-attention is folded into its float projections for batches where that reads less."""
 
     def __init__(self, model: Transformer, fold: Transformer | None = None) -> None:
         super().__init__()

@@ -42,8 +42,7 @@ def decoding_model(model: Transformer, precision: str, device: torch.device) -> 
     if PRECISIONS[precision].mixed:
         model = matmul_weights_in(model, PRECISIONS[precision].dtype)
     elif device.type == "cpu":
-        fast = for_cpu_decoding(model.eval(), torch.get_num_threads())
-        return LeanDecoding(fast, fold=fast)
+        return LeanDecoding(for_cpu_decoding(model.eval(), torch.get_num_threads()), fold=model)
     return LeanDecoding(model) if device.type == "cpu" else model.eval()
 
 

@@ -99,7 +99,6 @@ class StepParts(nn.Module):
 
     def __init__(self, linear: StackedLinear, p: int, parts: tuple[slice, ...]) -> None:
         super().__init__()
-        self.weight, self.bias = linear.weight.detach(), linear.bias.detach()  # the model's own tensors, as stacked
         self.parts = nn.ModuleDict(
             {f"{s.start}:{s.stop}": StepLinear(linear.weight[s], linear.bias[s], p) for s in parts}
         )
