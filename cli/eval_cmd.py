@@ -109,7 +109,7 @@ def run_eval(
             ) from None
         sources, references = list(corpus.src), list(corpus.tgt)
     decode = decode_settings(cfg.decode, beam=beam, nbest=1, alpha=alpha)
-    out_dir = output_dir or path / "eval"
+    out_dir = output_dir or path / ckpt.EVAL
     stem = f"{name}.beam{decode.beam}" + (f".alpha{alpha:g}" if alpha is not None else "")
     reports = [out_dir / f"{stem}.hyp", out_dir / f"{stem}.json"]
     if not overwrite and (there := [r for r in reports if r.exists()]):

@@ -37,6 +37,11 @@ def test_cli_average_then_translate(run):
     assert r.exit_code == 0, r.output
     r = cli.invoke(app, ["average", str(run), "--last", "2"])
     assert r.exit_code == 2 and "already exists; pass --overwrite" in r.output
+    (run / "avg2" / "eval").mkdir()  # tfm eval's reports: replaced with the average they scored
+    assert cli.invoke(app, ["average", str(run), "--last", "2", "--overwrite"]).exit_code == 0
+    (run / "avg2" / "thesis.tex").write_text("the user's\n", encoding="utf-8")
+    r = cli.invoke(app, ["average", str(run), "--last", "2", "--overwrite"])
+    assert r.exit_code == 2 and "holds thesis.tex" in r.output and (run / "avg2" / "thesis.tex").is_file()
 
 
 def test_asking_for_more_checkpoints_than_kept_is_refused(run, tmp_path):

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 from tiny import SAMPLE
@@ -212,6 +212,9 @@ def loads_nan_weights(args: list[str]) -> bool:
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(args=command())
+# a folder of the user's at --output, with --overwrite: found once by chance, now tried on every run
+@example(args=["export", "--checkpoint", "runs/tiny/best", "--output", "folder", "--overwrite"])
+@example(args=["average", "runs/tiny", "--last", "1", "--output", "folder", "--overwrite"])
 def test_any_command_line_ends_in_a_documented_exit_code_and_writes_only_its_outputs(tiny_run, monkeypatch, args):
     root = workspace(tiny_run.run_dir)
     try:

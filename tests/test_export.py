@@ -13,7 +13,7 @@ from tiny import ROOT, tiny_config
 from transformer import checkpoint
 from transformer.decoding.export import export
 from transformer.decoding.search import greedy_search
-from transformer.errors import ExportError
+from transformer.errors import ExportError, OutputError
 from transformer.model.transformer import build_model
 
 ctranslate2 = pytest.importorskip("ctranslate2")
@@ -71,7 +71,11 @@ def test_export_refuses_to_overwrite_and_unknown_formats(saved, tmp_path):
     export(path, tmp_path / "ct2")
     with pytest.raises(ExportError, match="already exists"):
         export(path, tmp_path / "ct2")
-    export(path, tmp_path / "ct2", overwrite=True)
+    export(path, tmp_path / "ct2", overwrite=True)  # an earlier export is replaced
+    (tmp_path / "ct2" / "notes.txt").write_text("the user's\n", encoding="utf-8")
+    with pytest.raises(OutputError, match="holds notes.txt"):  # a file of the user's is never lost
+        export(path, tmp_path / "ct2", overwrite=True)
+    assert (tmp_path / "ct2" / "notes.txt").is_file()
     with pytest.raises(ExportError, match="unknown export format"):
         export(path, tmp_path / "other", fmt="onnx")
 

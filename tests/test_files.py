@@ -7,6 +7,7 @@ import pytest
 from tiny import tiny_config
 
 from transformer import checkpoint
+from transformer.errors import OutputError
 from transformer.files import atomic_dir, clean_partial
 from transformer.model.transformer import build_model
 from transformer.text.tokenizer import Tokenizer
@@ -46,3 +47,25 @@ def test_a_device_is_never_replaced_by_a_directory():
         with atomic_dir("/dev/full"):
             pass
     assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
+
+
+def test_a_users_folder_is_replaced_only_when_it_holds_an_earlier_output_of_the_same_kind(tmp_path):
+    """With ``ours``, entries the new folder also has (or ``ours`` names) may go; anything else is refused, and then
+    nothing is changed and no temporary folder is left."""
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "model.bin").write_bytes(b"old")
+    (target / "eval").mkdir()
+    with atomic_dir(target, ours=("eval",)) as tmp:
+        (tmp / "model.bin").write_bytes(b"new")
+    assert sorted(p.name for p in target.iterdir()) == ["model.bin"] and (target / "model.bin").read_bytes() == b"new"
+    (target / "mine.txt").write_text("the user's\n", encoding="utf-8")
+    with pytest.raises(OutputError, match="holds mine.txt"):
+        with atomic_dir(target, ours=("eval",)) as tmp:
+            (tmp / "model.bin").write_bytes(b"newer")
+    assert (target / "mine.txt").read_text(encoding="utf-8") == "the user's\n"
+    assert (target / "model.bin").read_bytes() == b"new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    with atomic_dir(target) as tmp:  # without ``ours`` the folder is tfm's own: replaced as it is
+        (tmp / "model.bin").write_bytes(b"newest")
+    assert sorted(p.name for p in target.iterdir()) == ["model.bin"]

@@ -37,6 +37,7 @@ CONFIG, TOKENIZER, WEIGHTS, META, TRAINER = (
     "trainer.pt",
 )
 STEP_PREFIX = "step_"
+EVAL = "eval"  # the folder tfm eval writes its reports into, beside a checkpoint's files
 
 
 @dataclass
@@ -74,11 +75,16 @@ def save(
     model: torch.nn.Module,
     meta: dict[str, Any],
     trainer_state: dict[str, Any] | None = None,
+    users: bool = False,
 ) -> Path:
-    """Write a checkpoint directory atomically; an existing one at ``path`` is replaced once the new one is complete."""
+    """Write a checkpoint directory atomically; an existing one at ``path`` is replaced once the new one is complete.
+
+    ``users``: ``path`` is a folder the user named (tfm average --output), replaced only when it holds nothing but an
+    earlier checkpoint and its eval reports (files.atomic_dir).
+    """
     path = Path(path)
     try:
-        with atomic_dir(path) as tmp:
+        with atomic_dir(path, ours=(TRAINER, EVAL) if users else None) as tmp:
             _write_files(tmp, cfg, tokenizer, model, meta, trainer_state)
     except (OSError, SafetensorError, RuntimeError) as e:
         # safetensors and torch.save report a failed write in errors of their own (torch's names no cause), so a

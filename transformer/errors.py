@@ -29,6 +29,10 @@ class ExportError(UserError, RuntimeError):
     """An export that cannot be done, with the reason and the fix."""
 
 
+class OutputError(UserError):
+    """An output that would replace files of the user's; the message names them and the fix."""
+
+
 class PlotError(UserError, RuntimeError):
     """A picture cannot be drawn; the message says why and what to do."""
 

@@ -12,9 +12,11 @@ import errno
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import IO, Any
+
+from transformer.errors import OutputError
 
 
 def fsync_dir(path: Path) -> None:
@@ -46,8 +48,14 @@ def temporary_name(path: Path) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_dir(path: str | Path) -> Iterator[Path]:
-    """A fresh temporary directory; when the block ends without error its files are synced and it replaces ``path``."""
+def atomic_dir(path: str | Path, ours: Collection[str] | None = None) -> Iterator[Path]:
+    """A fresh temporary directory; when the block ends without error its files are synced and it replaces ``path``.
+
+    ``ours``: ``path`` is a folder the user named (an export, an average), which may hold the user's own files. It is
+    replaced only if every entry it holds is one the new folder has too, or one ``ours`` names (what tfm writes there
+    besides): an earlier output of the same kind. Anything else is refused, naming it, and nothing is changed.
+    Without ``ours`` the folder is tfm's own (a checkpoint in a run directory) and is replaced whatever it holds.
+    """
     path = Path(path)
     if path.exists() and not (path.is_dir() or path.is_file()):  # a device or a socket is never replaced
         raise FileExistsError(errno.EEXIST, "not a file or folder, so it is not replaced; write elsewhere", str(path))
@@ -61,6 +69,8 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
             if f.is_file():
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
+        if ours is not None and path.is_dir():
+            check_replaceable(path, {f.name for f in tmp.iterdir()} | set(ours))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -72,6 +82,17 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     else:
         old.unlink(missing_ok=True)  # a file that the directory replaced
     fsync_dir(path.parent)
+
+
+def check_replaceable(folder: Path, names: Collection[str]) -> None:
+    """Refuse to replace ``folder`` if it holds an entry not in ``names``: a file of the user's would be lost."""
+    foreign = sorted(p.name for p in folder.iterdir() if p.name not in names)
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise OutputError(
+            f"'{folder}' holds {shown}, which this command does not write, so --overwrite does not replace it; "
+            "move them or choose another --output"
+        )
 
 
 def remove_dir(path: Path) -> None:

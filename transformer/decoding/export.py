@@ -107,10 +107,10 @@ def export(checkpoint: str | Path, output: str | Path, fmt: str = "ctranslate2",
         from transformer.decoding.hf_export import check_exportable, write_hf
 
         check_exportable(loaded.cfg)
-        with atomic_dir(out) as tmp:
+        with atomic_dir(out, ours=()) as tmp:
             write_hf(loaded, tmp)
         return out
     spec = ctranslate2_spec(loaded)
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, ours=()) as tmp:
         spec.save(str(tmp))
     return out

@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from transformer.checkpoint import Loaded
+from transformer.checkpoint import EVAL, Loaded
 
 
 def _scores(checkpoint: Path) -> list[dict]:
     """The eval reports written into the checkpoint, sorted by file name; unreadable files are skipped."""
     reports = []
-    for path in sorted((checkpoint / "eval").glob("*.json")):
+    for path in sorted((checkpoint / EVAL).glob("*.json")):
         try:
             report = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):

@@ -49,4 +49,4 @@ def average(run_dir: str | Path, last: int, output: str | Path, overwrite: bool 
     state = newest.model.state_dict()
     newest.model.load_state_dict({**state, **{k: (s / last).to(state[k].dtype) for k, s in sums.items()}})
     meta = {"step": newest.meta.get("step"), "averaged": [p.name for p in chosen], "reason": "average"}
-    return checkpoint.save(output, newest.cfg, newest.tokenizer, newest.model, meta)
+    return checkpoint.save(output, newest.cfg, newest.tokenizer, newest.model, meta, users=True)
