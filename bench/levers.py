@@ -245,7 +245,7 @@ def decoding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[d
 
 def step_layout(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[dict[str, Any]]:
     """Greedy search one sentence at a time, where a step's few rows make reading the weights and calling the
-    layers weigh most: the model's matrices and output table as stored, then laid out for decoding
+    layers weigh most: the decoder's matrices and output table as stored, then laid out for decoding steps
     (for_cpu_decoding), then that model stepped by the lean step (LeanDecoding), as the Translator decodes."""
     tok, model = loaded.tokenizer, loaded.model.eval()
     laid_out = for_cpu_decoding(model, torch.get_num_threads())
@@ -260,7 +260,7 @@ def step_layout(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> lis
     outs: dict[str, dict[int, Any]] = {k: {} for k in models}
     times = interleave({k: recording(by_line(m), outs[k]) for k, m in models.items()}, len(chunks))
     pairs = {
-        "model laid out for decoding (CPU fp32)": ("stored", "laid out"),
+        "decoder laid out for decoding steps (CPU fp32)": ("stored", "laid out"),
         "lean decoding step (CPU)": ("laid out", "lean"),
     }
     return [

@@ -104,20 +104,16 @@ def test_step_linear_is_the_linear_it_stands_for(p, onednn, monkeypatch):
 
 
 @pytest.mark.parametrize("p", [1, 2])
-def test_the_model_for_cpu_decoding_decodes_as_the_model_and_leaves_it_alone(p):
-    """for_cpu_decoding: the same encoder output and logits (to float rounding) and hypotheses; embeddings, norms and
-    parameters shared, the original's layers and tied table untouched; applied twice, once."""
+def test_the_decoder_for_cpu_decoding_decodes_as_the_model_and_leaves_it_alone(p):
+    """for_cpu_decoding: the same logits (to float rounding) and hypotheses; the encoder, embeddings and norms
+    shared, the original's layers and tied table untouched; applied twice, once."""
     torch.manual_seed(0)
     model = Transformer(300, 300, 0, N=2, d_model=32, d_ff=64, h=4, dropout=0.0).eval()
     fast = for_cpu_decoding(model, p)
     assert isinstance(fast.generator, StepLinear) and for_cpu_decoding(fast, p) is fast
     assert model.generator.weight is model.src_embed.weight and isinstance(model.decoder.layers[0].ff.w_1, nn.Linear)
-    assert fast.src_embed is model.src_embed and isinstance(fast.encoder.layers[0].ff.w_1, StepLinear)
-    assert isinstance(model.encoder.layers[0].ff.w_1, nn.Linear)
-    assert fast.encoder.layers[0].ff.w_1.weight.data_ptr() == model.encoder.layers[0].ff.w_1.weight.data_ptr()
+    assert fast.encoder is model.encoder and fast.src_embed is model.src_embed
     assert fast.decoder.layers[0].norms[0].weight is model.decoder.layers[0].norms[0].weight
-    src = torch.randint(0, 300, (3, 7))
-    torch.testing.assert_close(fast.encode(src)[0], model.encode(src)[0])
     x = torch.randn(5, 32)
     torch.testing.assert_close(fast.generator(x), model.generator(x))
     src = torch.randint(3, 300, (6, 9))

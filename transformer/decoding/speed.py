@@ -109,22 +109,18 @@ class StepParts(nn.Module):
 
 
 def for_cpu_decoding(model: Transformer, p: int) -> Transformer:
-    """``model`` for fp32 decoding on the CPU: a copy whose encoder and decoder matrices and generator are StepLinears
-    for ``p`` threads (torch's thread count), sharing every module and parameter (oneDNN's packed weights are one more
-    copy of the matrices and of the output table). A model already made so is returned as it is.
-
-    The encoder gains too: a sentence's dozen or so positions are few rows, where packed weights beat torch's default
-    matmul, and a batch's hundreds are not slower."""
+    """``model`` for fp32 decoding on the CPU: a copy whose decoder matrices and generator are StepLinears for ``p``
+    threads (torch's thread count), sharing every module and parameter (oneDNN's packed weights are one more copy
+    of the decoder's matrices and of the output table). A model already made so is returned as it is."""
     if isinstance(model.generator, StepLinear):
         return model
     fast = copy.copy(model)
     fast._modules = dict(model._modules)
-    fast.encoder = copy.deepcopy(model.encoder, memo={id(t): t for t in model.encoder.parameters()})
     fast.decoder = copy.deepcopy(model.decoder, memo={id(t): t for t in model.decoder.parameters()})
     for layer in fast.decoder.layers:
         cross = layer.cross_attn
         cross.in_proj = StepParts(cross.in_proj, p, (cross.query_rows, cross.key_value_rows))
-    for module in [*fast.encoder.modules(), *fast.decoder.modules()]:
+    for module in list(fast.decoder.modules()):
         for name, child in module.named_children():
             if isinstance(child, nn.Linear):
                 setattr(module, name, StepLinear(child.weight, child.bias, p))
