@@ -1,6 +1,6 @@
 """The precisions decoding runs in, and the model as each runs it.
 
-fp32 (on the CPU the model's matrices laid out for a step's few rows: decoding.speed.for_cpu_decoding), bf16 or
+fp32 (on the CPU the decoder's matrices laid out for a step's few rows: decoding.speed.for_cpu_decoding), bf16 or
 fp16 (autocast over a copy whose weights are cast once: decoding.speed.matmul_weights_in), int8 on the CPU
 (decoding.int8); on the CPU every step runs through decoding.lean_step, in fp32 and int8 with cross-attention folded
 into its float projections where that reads less (decoding.cross_fold). ``auto`` names none of them: it is
