@@ -23,7 +23,7 @@ def _model(norm_first: bool = False, tie: bool = True) -> Transformer:
 @pytest.mark.parametrize("norm_first,tie", [(False, True), (True, False)])
 @pytest.mark.parametrize("beam", [1, 3])
 @pytest.mark.parametrize("layout", ["stored", "cpu", "int8"])
-def test_lean_steps_equal_the_modelsstep_logits(norm_first, tie, beam, layout):
+def test_lean_steps_equal_the_models_steps(norm_first, tie, beam, layout):
     model = _model(norm_first, tie)
     copy = {"stored": model, "cpu": for_cpu_decoding(model, 2), "int8": int8_copy(model)}[layout]
     src = torch.randint(3, 50, (2, 6))
