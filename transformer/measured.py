@@ -37,6 +37,11 @@ def machine() -> str:
     return f"{processor()} | {torch.get_num_threads()} threads | torch {torch.__version__}"
 
 
+def shape(N: int, d_model: int, d_ff: int, h: int, vocabulary: int) -> str:
+    """A model's shape as a verdict's key ends."""
+    return f"N {N}, d_model {d_model}, d_ff {d_ff}, h {h}, vocabulary {vocabulary}"
+
+
 def _read() -> dict:
     try:
         cache = json.loads(cache_path().read_text(encoding="utf-8"))

@@ -20,7 +20,7 @@ import torch
 from transformer.decoding.int8 import INT8
 from transformer.decoding.precision import decoding_autocast, decoding_model
 from transformer.device import resolve_precision
-from transformer.measured import cache_path, machine, recall, remember
+from transformer.measured import cache_path, machine, recall, remember, shape
 from transformer.model.transformer import Transformer
 
 MARGIN = 1.15
@@ -34,12 +34,15 @@ def candidates() -> tuple[str, ...]:
     return ("fp32", "bf16") + ((INT8,) if torch.backends.quantized.engine != "none" else ())
 
 
-def shape(model: Transformer) -> str:
-    """The model's shape as a verdict's key ends."""
+def model_shape(model: Transformer) -> str:
+    """The model's shape as a verdict's key ends (transformer.measured.shape)."""
     layer = model.decoder.layers[0]
-    return (
-        f"N {len(model.decoder.layers)}, d_model {model.src_embed.embedding_dim}, d_ff {layer.ff.w_1.out_features}, "
-        f"h {layer.self_attn.h}, vocabulary {model.generator.out_features}"
+    return shape(
+        len(model.decoder.layers),
+        model.src_embed.embedding_dim,
+        layer.ff.w_1.out_features,
+        layer.self_attn.h,
+        model.generator.out_features,
     )
 
 
@@ -95,7 +98,7 @@ def decoding_precision(model: Transformer, device: torch.device, log: Callable[[
     and cached; fp32 elsewhere."""
     if device.type != "cpu":
         return resolve_precision("auto", device)
-    key = f"decoding | {machine()} | {shape(model)}"
+    key = f"decoding | {machine()} | {model_shape(model)}"
     kept = recall(key)
     names = candidates()
     if kept is not None and kept.get("precision") in names:

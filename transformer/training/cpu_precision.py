@@ -17,7 +17,7 @@ import torch
 
 from transformer.config import ModelConfig
 from transformer.device import autocast
-from transformer.measured import cache_path, machine, recall, remember
+from transformer.measured import cache_path, machine, recall, remember, shape
 from transformer.model.transformer import build_model
 
 MARGIN = 1.15
@@ -26,8 +26,7 @@ ROWS, LENGTH = 16, 64  # one batch of 1,024 source and 1,024 target tokens
 
 
 def cache_key(model: ModelConfig, vocab_size: int) -> str:
-    shape = f"N {model.N}, d_model {model.d_model}, d_ff {model.d_ff}, h {model.h}, vocabulary {vocab_size}"
-    return f"{machine()} | {shape}"
+    return f"{machine()} | {shape(model.N, model.d_model, model.d_ff, model.h, vocab_size)}"
 
 
 def measure(
