@@ -33,7 +33,7 @@ def test_folding_pays_for_few_sentences_only():
 
 @pytest.mark.parametrize("beam", [1, 3])
 @pytest.mark.parametrize("layout", ["stored", "cpu"])
-def test_folded_steps_equal_the_modelsstep_logits(beam, layout):
+def test_folded_steps_equal_the_models_steps(beam, layout):
     model = _model()
     copy = {"stored": model, "cpu": for_cpu_decoding(model, 2)}[layout]
     src = torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]])  # 2 sentences x 4 x (h - 1) < 32: folded
