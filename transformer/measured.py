@@ -9,11 +9,16 @@ from __future__ import annotations
 import json
 import os
 import platform
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
 from transformer.files import atomic_file
+
+Name = TypeVar("Name")
+Result = TypeVar("Result")
 
 
 def cache_path() -> Path:
@@ -40,6 +45,18 @@ def machine() -> str:
 def shape(N: int, d_model: int, d_ff: int, h: int, vocabulary: int) -> str:
     """A model's shape as a verdict's key ends."""
     return f"N {N}, d_model {d_model}, d_ff {d_ff}, h {h}, vocabulary {vocabulary}"
+
+
+def alternated(names: Sequence[Name], run: Callable[[Name], Result], rounds: int) -> dict[Name, list[Result]]:
+    """``run(name)`` for every name once untimed (first runs pick kernels and allocate), then ``rounds`` times each,
+    the order reversed every other round so that no name gains from its place."""
+    for name in names:
+        run(name)
+    results: dict[Name, list[Result]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else reversed(names):
+            results[name].append(run(name))
+    return results
 
 
 def _read() -> dict:

@@ -20,7 +20,7 @@ import torch
 from transformer.decoding.int8 import INT8
 from transformer.decoding.precision import decoding_autocast, decoding_model
 from transformer.device import resolve_precision
-from transformer.measured import cache_path, machine, recall, remember, shape
+from transformer.measured import alternated, cache_path, machine, recall, remember, shape
 from transformer.model.transformer import Transformer
 
 MARGIN = 1.15
@@ -66,15 +66,8 @@ def measure(
                 m.decode_step(tokens[t, :n], state)
         return clock() - start
 
-    times: dict[str, dict[int, list[float]]] = {name: {n: [] for n in SENTENCES} for name in names}
-    for name in names:  # first runs pick kernels and allocate: not timed
-        for n in SENTENCES:
-            decode(name, n)
-    for r in range(rounds):
-        for name in names if r % 2 == 0 else reversed(names):
-            for n in SENTENCES:
-                times[name][n].append(decode(name, n))
-    return {name: {n: statistics.median(ts) for n, ts in by_n.items()} for name, by_n in times.items()}
+    times = alternated(names, lambda name: {n: decode(name, n) for n in SENTENCES}, rounds)
+    return {name: {n: statistics.median(r[n] for r in runs) for n in SENTENCES} for name, runs in times.items()}
 
 
 def speedups(seconds: dict[str, dict[int, float]]) -> dict[str, float]:

@@ -17,7 +17,7 @@ import torch
 
 from transformer.config import ModelConfig
 from transformer.device import autocast
-from transformer.measured import cache_path, machine, recall, remember, shape
+from transformer.measured import alternated, cache_path, machine, recall, remember, shape
 from transformer.model.transformer import build_model
 
 MARGIN = 1.15
@@ -45,12 +45,7 @@ def measure(
         torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tgt.flatten()).backward()
         return clock() - start
 
-    times: dict[str, list[float]] = {"fp32": [], "bf16": []}
-    for precision in times:  # first runs pick kernels and allocate: not timed
-        step(precision)
-    for r in range(rounds):
-        for precision in times if r % 2 == 0 else reversed(times):
-            times[precision].append(step(precision))
+    times = alternated(("fp32", "bf16"), step, rounds)
     return {p: statistics.median(ts) for p, ts in times.items()}
 
 
