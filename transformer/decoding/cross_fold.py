@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from transformer.model.decoder_state import DecoderState
+from transformer.model.transformer import MultiHeadAttention
 
 
 def worth_folding(sentences: int, S: int, h: int, d_model: int) -> bool:
@@ -27,11 +28,13 @@ def worth_folding(sentences: int, S: int, h: int, d_model: int) -> bool:
     return sentences * S * (h - 1) < d_model
 
 
-def fold_weights(w_q: Tensor, b_q: Tensor, w_o: Tensor, h: int) -> tuple[Tensor, Tensor]:
-    """What ``fold`` multiplies K and V by: W_q,h / sqrt(d_k) and W_o,h^T per head [2, h, d_k, d_model], and
-    b_q,h / sqrt(d_k) [h, d_k, 1]; made once per layer."""
+def fold_weights(cross: MultiHeadAttention) -> tuple[Tensor, Tensor]:
+    """What ``fold`` multiplies K and V by, from a cross-attention's float projections: W_q,h / sqrt(d_k) and
+    W_o,h^T per head [2, h, d_k, d_model], and b_q,h / sqrt(d_k) [h, d_k, 1]; made once per layer."""
+    h, d_k, rows = cross.h, cross.d_k, cross.query_rows
+    w, b = cross.in_proj.weight.detach(), cross.in_proj.bias.detach()
+    w_q, b_q, w_o = w[rows], b[rows], cross.out_proj.weight.detach()
     d_model = w_q.size(1)
-    d_k = d_model // h
     scale = 1 / math.sqrt(d_k)
     w = torch.stack([w_q.view(h, d_k, d_model) * scale, w_o.view(d_model, h, d_k).permute(1, 2, 0)])
     return w, b_q.view(h, d_k, 1) * scale

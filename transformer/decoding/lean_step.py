@@ -46,7 +46,7 @@ class LeanLayer:
         self.cross_q: Map = partial(cross.in_proj.part, rows=cross.query_rows)
         self.cross_out: Map = cross.out_proj.forward
         self.fold_from = None if fold_from is None else fold_from.cross_attn
-        self.fold_weights: tuple[Tensor, Tensor] | None = None
+        self.fold_weights = None if self.fold_from is None else cross_fold.fold_weights(self.fold_from)
         self.w_1: Map = layer.ff.w_1.forward
         self.w_2: Map = layer.ff.w_2.forward
         self.norms: list[Map] = [layer_norm(norm) for norm in layer.norms]
@@ -60,10 +60,6 @@ class LeanLayer:
 
     def fold(self, kv: Tensor, keep: Tensor) -> tuple[Tensor, Tensor]:
         """This layer's folded cross-attention (cross_fold.fold) from its K and V [n, 2, h, S, d_k]."""
-        if self.fold_weights is None:
-            cross = self.fold_from
-            w, b, rows = cross.in_proj.weight.detach(), cross.in_proj.bias.detach(), cross.query_rows
-            self.fold_weights = cross_fold.fold_weights(w[rows], b[rows], cross.out_proj.weight.detach(), self.h)
         return cross_fold.fold(kv, keep, *self.fold_weights)
 
     def step(
