@@ -112,6 +112,18 @@ def test_matches_torch_transformer(norm_first, train):
         torch.testing.assert_close(model.decoder(y, memory, src_keep), expected, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("key", ["attention_dropout", "relu_dropout"])
+def test_attention_and_relu_dropout_act_in_training_only(key):
+    """Tensor2Tensor's attention and ReLU dropout: in eval mode the same function as without them, bit for bit;
+    in training they drop (outputs move away from the model without them, whose dropout here is 0)."""
+    src, tgt = padded_batch([5, 9, 1, 7]), padded_batch([6, 3, 8, 8], seed=2)
+    plain, model = small(), small(**{key: 0.5})
+    model.load_state_dict(plain.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(src, tgt), plain.eval()(src, tgt), rtol=0, atol=0)
+        assert not torch.allclose(model.train()(src, tgt), plain.train()(src, tgt), atol=1e-3)
+
+
 def test_no_peeking_at_future_or_padded_tokens():
     """Exact in fp32: later target tokens, and whatever sits at padded positions, change no real output."""
     model = small().eval()

@@ -40,6 +40,8 @@ class ModelConfig:
     norm_first: bool = False
     tie_embeddings: bool = True
     max_positions: int = 1024
+    attention_dropout: float = 0.0  # on attention probabilities (Tensor2Tensor's; not in the paper)
+    relu_dropout: float = 0.0  # on the feed-forward network's ReLU output (Tensor2Tensor's; not in the paper)
 
 
 @dataclass
@@ -149,6 +151,8 @@ RANGES: dict[str, tuple[Any, str]] = {
     "model.d_ff": (lambda v: v >= 1, "at least 1"),
     "model.h": (lambda v: v >= 1, "at least 1"),
     "model.dropout": (lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
+    "model.attention_dropout": (lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
+    "model.relu_dropout": (lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
     "model.max_positions": (lambda v: v >= 8, "at least 8"),
     "data.max_len": (lambda v: v >= 1, "at least 1"),
     "tokenizer.vocab_size": (lambda v: v >= 300, "at least 300 (256 bytes + specials)"),

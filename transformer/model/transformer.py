@@ -83,11 +83,15 @@ class StackedLinear(nn.Linear):
 
 
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention: projections and head split/merge here, the attention itself in SDPA."""
+    """Multi-head attention: projections and head split/merge here, the attention itself in SDPA.
 
-    def __init__(self, d_model: int, h: int):
+    ``dropout`` drops attention probabilities while training (Tensor2Tensor's attention_dropout; the paper has none).
+    """
+
+    def __init__(self, d_model: int, h: int, dropout: float = 0.0):
         super().__init__()
         self.h, self.d_k = h, d_model // h
+        self.dropout = dropout
         self.query_rows, self.key_value_rows = slice(0, d_model), slice(d_model, 3 * d_model)
         self.in_proj = StackedLinear(d_model, 3 * d_model)  # W^Q, W^K, W^V
         self.out_proj = nn.Linear(d_model, d_model)  # W^O
@@ -122,7 +126,8 @@ class MultiHeadAttention(nn.Module):
     ) -> Tensor:
         """SDPA over the heads, merge them and project; rows (from safe_mask) zeroes queries with no key."""
         with attention_kernel(q):
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
+            p = self.dropout if self.training else 0.0
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal)
         if self.record_weights:
             self.weights = attention_probs(q, k, mask, is_causal, rows)
         if rows is not None:
@@ -132,24 +137,40 @@ class MultiHeadAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """Position-wise feed-forward network: max(0, x W_1 + b_1) W_2 + b_2."""
+    """Position-wise feed-forward network: max(0, x W_1 + b_1) W_2 + b_2.
 
-    def __init__(self, d_model: int, d_ff: int):
+    ``dropout`` drops the ReLU's output while training (Tensor2Tensor's relu_dropout; the paper has none).
+    """
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0):
         super().__init__()
         self.w_1 = nn.Linear(d_model, d_ff)
         self.w_2 = nn.Linear(d_ff, d_model)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w_2(F.relu(self.w_1(x)))
+        return self.w_2(self.dropout(F.relu(self.w_1(x))))
 
 
 class Layer(nn.Module):
-    """Shared by encoder and decoder layers: residual connection, dropout and LayerNorm around a sub-layer."""
+    """Shared by encoder and decoder layers: residual connection, dropout and LayerNorm around a sub-layer.
 
-    def __init__(self, d_model: int, d_ff: int, h: int, dropout: float, norm_first: bool, n_norms: int):
+    ``dropout`` is the paper's, on each sub-layer's output; ``inner_dropout`` (attention, ReLU) acts inside them.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        h: int,
+        dropout: float,
+        norm_first: bool,
+        n_norms: int,
+        inner_dropout: tuple[float, float],
+    ):
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, h)
-        self.ff = FeedForward(d_model, d_ff)
+        self.self_attn = MultiHeadAttention(d_model, h, inner_dropout[0])
+        self.ff = FeedForward(d_model, d_ff, inner_dropout[1])
         self.norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(n_norms))
         self.dropout = Dropout(dropout)
         self.norm_first = norm_first
@@ -164,8 +185,10 @@ class Layer(nn.Module):
 class EncoderLayer(Layer):
     """Self-attention over the source, then the feed-forward network."""
 
-    def __init__(self, d_model: int, d_ff: int, h: int, dropout: float, norm_first: bool):
-        super().__init__(d_model, d_ff, h, dropout, norm_first, 2)
+    def __init__(
+        self, d_model: int, d_ff: int, h: int, dropout: float, norm_first: bool, inner_dropout: tuple[float, float]
+    ):
+        super().__init__(d_model, d_ff, h, dropout, norm_first, 2, inner_dropout)
 
     def forward(self, x: Tensor, mask: Tensor | None, rows: Tensor | None) -> Tensor:
         x = self.sublayer(x, 0, lambda y: self.self_attn.attend(*self.self_attn.qkv(y), mask=mask, rows=rows))
@@ -175,9 +198,11 @@ class EncoderLayer(Layer):
 class DecoderLayer(Layer):
     """Masked self-attention, encoder-decoder attention, then the feed-forward network."""
 
-    def __init__(self, d_model: int, d_ff: int, h: int, dropout: float, norm_first: bool):
-        super().__init__(d_model, d_ff, h, dropout, norm_first, 3)
-        self.cross_attn = MultiHeadAttention(d_model, h)
+    def __init__(
+        self, d_model: int, d_ff: int, h: int, dropout: float, norm_first: bool, inner_dropout: tuple[float, float]
+    ):
+        super().__init__(d_model, d_ff, h, dropout, norm_first, 3, inner_dropout)
+        self.cross_attn = MultiHeadAttention(d_model, h, inner_dropout[0])
 
     def forward(self, y: Tensor, memory: Tensor, mask: Tensor | None, rows: Tensor | None) -> Tensor:
         """All target positions at once, causal self-attention through SDPA's is_causal (fast kernels)."""
@@ -214,9 +239,11 @@ class DecoderLayer(Layer):
 class Encoder(nn.Module):
     """N encoder layers, plus a final LayerNorm when pre-norm."""
 
-    def __init__(self, N: int, d_model: int, d_ff: int, h: int, dropout: float, norm_first: bool):
+    def __init__(self, N: int, d_model: int, d_ff: int, h: int, dropout: float, norm_first: bool, inner_dropout: tuple):
         super().__init__()
-        self.layers = nn.ModuleList(EncoderLayer(d_model, d_ff, h, dropout, norm_first) for _ in range(N))
+        self.layers = nn.ModuleList(
+            EncoderLayer(d_model, d_ff, h, dropout, norm_first, inner_dropout) for _ in range(N)
+        )
         self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
 
     def forward(self, x: Tensor, src_keep: Tensor) -> Tensor:
@@ -229,9 +256,11 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
     """N decoder layers, plus a final LayerNorm when pre-norm."""
 
-    def __init__(self, N: int, d_model: int, d_ff: int, h: int, dropout: float, norm_first: bool):
+    def __init__(self, N: int, d_model: int, d_ff: int, h: int, dropout: float, norm_first: bool, inner_dropout: tuple):
         super().__init__()
-        self.layers = nn.ModuleList(DecoderLayer(d_model, d_ff, h, dropout, norm_first) for _ in range(N))
+        self.layers = nn.ModuleList(
+            DecoderLayer(d_model, d_ff, h, dropout, norm_first, inner_dropout) for _ in range(N)
+        )
         self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
 
     def forward(self, y: Tensor, memory: Tensor, src_keep: Tensor) -> Tensor:
@@ -257,6 +286,8 @@ class Transformer(nn.Module):
         norm_first: bool = False,
         tie_embeddings: bool = True,
         max_positions: int = 1024,
+        attention_dropout: float = 0.0,
+        relu_dropout: float = 0.0,
     ):
         super().__init__()
         if d_model % h or d_model % 2:
@@ -269,8 +300,9 @@ class Transformer(nn.Module):
         self.tgt_embed = self.src_embed if tie_embeddings else nn.Embedding(tgt_vocab_size, d_model, padding_idx=pad_id)
         self.positions = PositionalEncoding(d_model, max_positions)
         self.dropout = Dropout(dropout)
-        self.encoder = Encoder(N, d_model, d_ff, h, dropout, norm_first)
-        self.decoder = Decoder(N, d_model, d_ff, h, dropout, norm_first)
+        inner_dropout = (attention_dropout, relu_dropout)
+        self.encoder = Encoder(N, d_model, d_ff, h, dropout, norm_first, inner_dropout)
+        self.decoder = Decoder(N, d_model, d_ff, h, dropout, norm_first, inner_dropout)
         self.generator = nn.Linear(d_model, tgt_vocab_size, bias=False)
         self.reset_parameters()
         if tie_embeddings:
