@@ -35,7 +35,7 @@ def _command(
     named = {"--split": split, "--src": src, "--ref": ref, "--beam": beam, "--alpha": alpha, "--data-dir": data_dir}
     for option, value in named.items():
         if value is not None:
-            args += [option, str(value)]
+            args += [option, f"{value:g}" if isinstance(value, float) else str(value)]
     if precision != "fp32":
         args += ["--precision", precision]
     return shlex.join(args)
@@ -62,11 +62,12 @@ def run_eval(
     precision: str,
     runs: Path,
     output_dir: Path | None = None,
-    alpha: float | None = None,
+    alphas: list[float] | None = None,
     overwrite: bool = False,
 ) -> None:
     """Print BLEU with its signature and chrF; write hypotheses and scores JSON to ``output_dir`` (default: the
-    checkpoint's eval/). The scores are printed before anything is written, so a failed write loses no result."""
+    checkpoint's eval/). The scores are printed before anything is written, so a failed write loses no result.
+    Several ``alphas`` (length penalties) are scored from one beam search, one report each."""
     from transformer import checkpoint as ckpt
     from transformer.decoding.scoring import score
     from transformer.errors import DataError
@@ -108,33 +109,47 @@ def run_eval(
                 f"'{data.path}'; pass --data-dir to read it elsewhere)"
             ) from None
         sources, references = list(corpus.src), list(corpus.tgt)
-    decode = decode_settings(cfg.decode, beam=beam, nbest=1, alpha=alpha)
+    alphas = alphas or [None]
+    decode = decode_settings(cfg.decode, beam=beam, nbest=1, alpha=alphas[0])
     out_dir = output_dir or path / ckpt.EVAL
-    stem = f"{name}.beam{decode.beam}" + (f".alpha{alpha:g}" if alpha is not None else "")
-    reports = [out_dir / f"{stem}.hyp", out_dir / f"{stem}.json"]
-    if not overwrite and (there := [r for r in reports if r.exists()]):
+    stems = [f"{name}.beam{decode.beam}" + (f".alpha{a:g}" if a is not None else "") for a in alphas]
+    reports = [(out_dir / f"{stem}.hyp", out_dir / f"{stem}.json") for stem in stems]
+    if not overwrite and (there := [r for pair in reports for r in pair if r.exists()]):
         fail(f"a report is already in {there[0]}; pass --overwrite to replace it, or --output-dir to write elsewhere")
     translator = Translator(
         loaded.model, loaded.tokenizer, decode, cfg.model.max_positions, dev, precision, cfg.data.lowercase
     )
-    hyps = [t.best for t in translator.translate(sources)]
-    scores = score(hyps, references, cfg.data.tgt_lang, decode.bleu_tokenize)
-    _print_scores(scores)
-    result = {
-        "checkpoint": str(path),
-        "split": name,
-        "beam": decode.beam,
-        "alpha": decode.alpha,
-        "precision": translator.precision,
-        **scores.as_dict(),
-        "command": _command(path, split, src, ref, beam, alpha, precision, data_dir),
-    }
+    if len(alphas) == 1:
+        hyps_per_alpha = [[t.best for t in translator.translate(sources)]]
+    else:
+        hyps_per_alpha = translator.best_under(sources, alphas)
+    results = []
+    for alpha, hyps in zip(alphas, hyps_per_alpha):
+        scores = score(hyps, references, cfg.data.tgt_lang, decode.bleu_tokenize)
+        if len(alphas) > 1:
+            print(f"alpha {alpha:g}:")
+        _print_scores(scores)
+        results.append(
+            {
+                "checkpoint": str(path),
+                "split": name,
+                "beam": decode.beam,
+                "alpha": decode.alpha if alpha is None else alpha,
+                "precision": translator.precision,
+                **scores.as_dict(),
+                "command": _command(path, split, src, ref, beam, alpha, precision, data_dir),
+            }
+        )
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        reports[0].write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-        reports[1].write_text(json.dumps(result, indent=2), encoding="utf-8")
+        for (hyp_file, json_file), hyps, result in zip(reports, hyps_per_alpha, results):
+            hyp_file.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+            json_file.write_text(json.dumps(result, indent=2), encoding="utf-8")
     except OSError as e:
         write_failed(
             f"the report in {out_dir} (the scores above are complete; pass --output-dir to save it elsewhere)", e
         )
+    if len(alphas) > 1:
+        top = max(results, key=lambda r: r["bleu"])
+        print(f"highest BLEU on {name}: alpha {top['alpha']:g} ({top['bleu']:.2f})")
     print(f"hypotheses and scores in {out_dir}/")

@@ -109,9 +109,10 @@ def within(key: str) -> Callable[[typer.CallbackParam, Any], Any]:
     ``decode.beam``'s): the one range a config file's value meets too, refused in tfm's one line."""
 
     def check(param: typer.CallbackParam, value: Any) -> Any:
-        if value is not None and (want := out_of_range(key, value)) is not None:
-            shown = f"{value:g}" if isinstance(value, float) else value  # as typed: -1, not -1.0
-            fail(f"{param.opts[0]} {shown} is out of range; it must be {want}")
+        for one in value if isinstance(value, list) else [value]:  # a repeatable flag gives a list
+            if one is not None and (want := out_of_range(key, one)) is not None:
+                shown = f"{one:g}" if isinstance(one, float) else one  # as typed: -1, not -1.0
+                fail(f"{param.opts[0]} {shown} is out of range; it must be {want}")
         return value
 
     return check

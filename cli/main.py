@@ -151,8 +151,11 @@ def eval_(
     beam: Optional[int] = typer.Option(
         None, "--beam", callback=within("decode.beam"), help="Beam size (default: the config's, 4)"
     ),
-    alpha: Optional[float] = typer.Option(
-        None, "--alpha", callback=within("decode.alpha"), help="Beam length penalty (default: the config's)"
+    alpha: Optional[List[float]] = typer.Option(
+        None,
+        "--alpha",
+        callback=within("decode.alpha"),
+        help="Beam length penalty (default: the config's); repeat it to score several from one beam search",
     ),
     data_dir: Optional[str] = typer.Option(
         None, "--data-dir", help="Corpus location (overrides the checkpoint's data.path)"

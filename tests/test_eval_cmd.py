@@ -81,3 +81,28 @@ def test_eval_records_the_precision_auto_chose(tiny_checkpoint, tmp_path, monkey
     saved = json.loads(next(out.glob("*.json")).read_text())
     assert saved["precision"] in ("fp32", "bf16", "int8") and saved["command"].endswith("--precision auto")
     assert (tmp_path / "cache" / "tfm" / "cpu-precision.json").is_file()
+
+
+def test_several_alphas_one_report_each_as_if_evaluated_alone(tiny_checkpoint, tmp_path):
+    """`--alpha` repeated: one beam search, one report per length penalty, each the same as evaluating at that
+    penalty alone, with the command that gives it again; a report that exists already stops it before any work."""
+    src, ref = tmp_path / "src.de", tmp_path / "ref.en"
+    src.write_text("Ein Hund läuft.\nDie Frau.\nEin Mann fährt Fahrrad im Park.\n", encoding="utf-8")
+    ref.write_text("A dog runs.\nThe woman.\nA man rides a bike in the park.\n", encoding="utf-8")
+    args = ["eval", "--checkpoint", str(tiny_checkpoint), "--src", str(src), "--ref", str(ref), "--device", "cpu"]
+    grid, alone = tmp_path / "grid", tmp_path / "alone"
+    r = CliRunner().invoke(app, [*args, "--beam", "3", "--alpha", "0", "--alpha", "2.5", "--output-dir", str(grid)])
+    assert r.exit_code == 0, r.output
+    assert "alpha 0:" in r.stdout and "alpha 2.5:" in r.stdout and "highest BLEU on src.de: alpha" in r.stdout
+    for alpha in ("0", "2.5"):
+        r = CliRunner().invoke(app, [*args, "--beam", "3", "--alpha", alpha, "--output-dir", str(alone)])
+        assert r.exit_code == 0, r.output
+        stem = f"src.de.beam3.alpha{alpha}"
+        assert (grid / f"{stem}.hyp").read_text() == (alone / f"{stem}.hyp").read_text()
+        saved = json.loads((grid / f"{stem}.json").read_text())
+        assert saved["alpha"] == float(alpha) and saved["command"].endswith(f"--beam 3 --alpha {alpha}")
+    r = CliRunner().invoke(app, [*args, "--beam", "3", "--alpha", "1", "--alpha", "0", "--output-dir", str(grid)])
+    assert r.exit_code == 2 and "src.de.beam3.alpha0" in one_error_line(r.stderr)
+    assert not (grid / "src.de.beam3.alpha1.hyp").exists()
+    r = CliRunner().invoke(app, [*args, "--alpha", "1", "--alpha", "-2"])
+    assert r.exit_code == 2 and "--alpha -2 is out of range" in one_error_line(r.stderr)

@@ -7,7 +7,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from transformer.decoding.search import beam_search, greedy_search, length_penalty, max_output_lengths
+from transformer.decoding.search import (
+    beam_finished,
+    beam_search,
+    greedy_search,
+    length_penalty,
+    max_output_lengths,
+    ranked,
+)
 from transformer.model.transformer import Transformer
 
 PAD, START, END, A, B = 0, 1, 2, 3, 4
@@ -154,6 +161,19 @@ def test_greedy_and_beam_do_not_depend_on_batch_size_or_order():
     order = torch.randperm(20, generator=torch.Generator().manual_seed(0))
     for hs, ref in zip(decode_in_batches(beam_search, src[order], 20, beam=4, nbest=4), [beam[i] for i in order]):
         assert_same(hs, ref)
+
+
+@pytest.mark.parametrize("nbest", [1, 4])
+def test_one_search_ranked_under_each_length_penalty_is_the_search_at_it(nbest):
+    """beam_finished's hypotheses ranked under a length penalty are beam_search's at that penalty (which stops early
+    once settled), so one search scores a grid of penalties; and the grid does choose differently."""
+    src, model = random_sources(), random_model()
+    finished = beam_finished(model, src, START, END, 4, 1.0, 8)
+    for alpha in (0.0, 0.6, 1.0, 2.0, 3.0, 5.0):
+        searched = beam_search(model, src, START, END, beam=4, alpha=alpha, nbest=nbest, max_len_b=8)
+        for hs, done in zip(searched, finished):
+            assert_same(hs, ranked(done, alpha)[:nbest])
+    assert [ranked(d, 0.0)[0].tokens for d in finished] != [ranked(d, 5.0)[0].tokens for d in finished]
 
 
 def test_beam_1_is_greedy_and_nbest_starts_with_1_best():

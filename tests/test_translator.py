@@ -67,6 +67,17 @@ def test_order_and_chunking_do_not_change_results(translator):
     assert whole == chunked == reversed_
 
 
+def test_best_under_each_alpha_is_translating_at_that_alpha(translator):
+    """One search for a grid of length penalties gives, line for line, what translating at each penalty gives;
+    an empty line stays empty."""
+    lines = [" ".join(["Mann"] * n) + " fährt." for n in (5, 1, 9, 3)] + ["", "Der Hund läuft."]
+    alphas = [0.0, 0.6, 2.0, 5.0]
+    grid = with_decode(translator, beam=3, max_len_b=8).best_under(lines, alphas)
+    for alpha, texts in zip(alphas, grid):
+        assert texts == [t.best for t in with_decode(translator, beam=3, max_len_b=8, alpha=alpha).translate(lines)]
+    assert all(texts[4] == "" for texts in grid)
+
+
 def test_too_long_lines_truncate_or_error(translator):
     long = "Mann " * 500
     warnings = []

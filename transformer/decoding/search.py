@@ -11,13 +11,14 @@ Beam search follows fairseq: the top 2k candidates per sentence; those among the
 once it has k finished hypotheses, reaches its max_len, or has nbest finished that no live beam can
 still beat (``_Search.settled``: the same result, sooner). Live beams are ranked by log-probability;
 the GNMT length penalty ((5 + len) / 6) ** alpha, len counting <END>, divides a hypothesis's
-log-probability once, when it finishes. Every choice depends on its own sentence's rows only, so
-results do not depend on batch size or order.
+log-probability only when the finished hypotheses are ranked (``ranked``). Every choice depends on its
+own sentence's rows only, so results do not depend on batch size or order.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -41,6 +42,16 @@ class Hypothesis:
 def length_penalty(length: int, alpha: float) -> float:
     """GNMT length penalty ((5 + length) / 6) ** alpha (Wu et al., 2016)."""
     return ((5 + length) / 6) ** alpha
+
+
+def beam_score(hyp: Hypothesis, alpha: float) -> float:
+    """A finished beam hypothesis's log-probability over the length penalty, its length counting <END>."""
+    return hyp.log_prob / length_penalty(len(hyp.tokens) + 1, alpha)
+
+
+def ranked(hyps: list[Hypothesis], alpha: float) -> list[Hypothesis]:
+    """Finished beam hypotheses best first under length penalty alpha, each scored under it (ties keep their order)."""
+    return sorted((dataclasses.replace(h, score=beam_score(h, alpha)) for h in hyps), key=lambda h: -h.score)
 
 
 def max_output_lengths(src_lengths: Tensor, max_len_a: float, max_len_b: int) -> Tensor:
@@ -84,7 +95,7 @@ class _Search:
         """
         if len(finished) < nbest:
             return False
-        nth = sorted((h.score for h in finished), reverse=True)[nbest - 1]
+        nth = sorted((beam_score(h, alpha) for h in finished), reverse=True)[nbest - 1]
         return best_live / length_penalty(self.max_lens[sentence] + 1, alpha) < nth
 
     def best(self, tokens: Tensor, step: int, sentences: list[int], width: int, m: int) -> tuple[Tensor, Tensor]:
@@ -167,9 +178,37 @@ def beam_search(
     """The nbest best hypotheses of each sentence of src [B, S] (right-padded), best first."""
     if not 1 <= nbest <= beam:
         raise ValueError(f"nbest must be between 1 and beam ({beam}), got {nbest}")
+    finished = _beam(model, src, start_id, end_id, beam, max_len_a, max_len_b, (nbest, alpha))
+    return [ranked(hyps, alpha)[:nbest] for hyps in finished]
+
+
+def beam_finished(
+    model: nn.Module, src: Tensor, start_id: int, end_id: int, beam: int, max_len_a: float, max_len_b: int
+) -> list[list[Hypothesis]]:
+    """Every hypothesis beam search finishes for each sentence of src when it decodes until k have finished.
+
+    Which hypotheses finish does not depend on the length penalty, which only ranks them: ``ranked(hyps,
+    alpha)[:nbest]`` of these is ``beam_search`` at that alpha, so one search serves a grid of penalties.
+    """
+    return _beam(model, src, start_id, end_id, beam, max_len_a, max_len_b, None)
+
+
+def _beam(
+    model: nn.Module,
+    src: Tensor,
+    start_id: int,
+    end_id: int,
+    k: int,
+    max_len_a: float,
+    max_len_b: int,
+    settle: tuple[int, float] | None,
+) -> list[list[Hypothesis]]:
+    """Beam search's finished hypotheses per sentence in the order they finished, scored by log-probability
+    (alpha 0). With ``settle`` (nbest, alpha), a sentence also leaves once no live beam can enter its nbest under
+    alpha (``_Search.settled``): fewer hypotheses, the same nbest."""
     if src.size(0) == 0:
         return []
-    k, n, device = beam, src.size(0), src.device
+    n, device = src.size(0), src.device
     with torch.inference_mode(), _eval_mode(model):
         search = _Search(model, src, start_id, end_id, max_len_a, max_len_b)
         sentences = list(range(n))
@@ -198,8 +237,7 @@ def beam_search(
                 for s, toks, lps, end_lp, log_prob in zip(
                     i.tolist(), seq[r].tolist(), seq_lp[r].tolist(), cand_lp[i, j].tolist(), top[i, j].tolist()
                 ):
-                    score = log_prob / length_penalty(len(toks) + 1, alpha)
-                    finished[sentences[s]].append(Hypothesis(toks, score, log_prob, lps + [end_lp]))
+                    finished[sentences[s]].append(Hypothesis(toks, log_prob, log_prob, lps + [end_lp]))
             live = torch.sort(is_end.to(torch.uint8), dim=1, stable=True).indices[:, :k]  # first k not ending
             scores = top.gather(1, live)
             best_live = scores[:, 0].tolist()  # top is sorted, so each sentence's first live beam is its best
@@ -208,7 +246,7 @@ def beam_search(
                 for s in range(n)
                 if len(finished[sentences[s]]) < k
                 and step < search.max_lens[sentences[s]]
-                and not search.settled(finished[sentences[s]], best_live[s], sentences[s], nbest, alpha)
+                and not (settle and search.settled(finished[sentences[s]], best_live[s], sentences[s], *settle))
             ]
             if len(alive) < n:
                 keep = torch.tensor(alive, dtype=torch.long, device=device)
@@ -221,4 +259,4 @@ def beam_search(
             seq = torch.cat([seq[flat], tokens[:, None]], 1)
             seq_lp = torch.cat([seq_lp[flat], cand_lp.gather(1, live).view(-1, 1)], 1)
             step += 1
-    return [sorted(hyps, key=lambda hyp: -hyp.score)[:nbest] for hyps in finished]
+    return finished

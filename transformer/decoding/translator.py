@@ -13,14 +13,14 @@ import sys
 import unicodedata
 from dataclasses import dataclass
 from itertools import islice
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
 from transformer.config import DecodeConfig, check_decode
 from transformer.decoding.auto_precision import decoding_precision
 from transformer.decoding.precision import AUTO, check_decoding_precision, decoding_autocast, decoding_model
-from transformer.decoding.search import Hypothesis, beam_search, greedy_search
+from transformer.decoding.search import Hypothesis, beam_finished, beam_search, greedy_search, ranked
 from transformer.errors import TranslateError
 from transformer.model.speed import shape_changing_attention
 from transformer.model.transformer import Transformer
@@ -112,7 +112,8 @@ class Translator:
                 ids[i] = seq[:limit]
         return ids
 
-    def _search(self, src: torch.Tensor) -> list[list[Hypothesis]]:
+    def _search(self, src: torch.Tensor, every_alpha: bool = False) -> list[list[Hypothesis]]:
+        """The n-best of each sentence of src, or with ``every_alpha`` all that beam search finishes, unranked."""
         t = self.tokenizer
         d = self.decode
         with (
@@ -122,6 +123,8 @@ class Translator:
         ):
             if d.beam == 1:
                 return [[h] for h in greedy_search(self.model, src, t.start_id, t.end_id, d.max_len_a, d.max_len_b)]
+            if every_alpha:
+                return beam_finished(self.model, src, t.start_id, t.end_id, d.beam, d.max_len_a, d.max_len_b)
             return beam_search(
                 self.model,
                 src,
@@ -134,20 +137,30 @@ class Translator:
                 max_len_b=d.max_len_b,
             )
 
-    def translate_chunk(self, lines: list[str], first_line_no: int = 1) -> list[Translation]:
-        """Translate a list of lines, returning one Translation per line in the same order."""
-        cleaned = [source_line(line, self.lowercase) for line in lines]
-        ids = self._ids(cleaned, first_line_no)
-        out = [Translation([], []) for _ in lines]
+    def _hypotheses(
+        self, lines: list[str], first_line_no: int, search: Callable[[torch.Tensor], list[list[Hypothesis]]]
+    ) -> list[list[Hypothesis]]:
+        """``search``'s hypotheses for each line, in input order; lines are batched by length."""
+        ids = self._ids([source_line(line, self.lowercase) for line in lines], first_line_no)
+        out: list[list[Hypothesis]] = [[] for _ in lines]
         for batch in sorted_batches([len(seq) for seq in ids], self.decode.batch_tokens):
             src = source_tensor([ids[i] for i in batch], self.tokenizer)
-            hyps = self._search(src.to(self.device))
-            texts = self.tokenizer.decode_batch([h.tokens for hs in hyps for h in hs])
-            k = 0
-            for i, hs in zip(batch, hyps):
-                out[i] = Translation(texts[k : k + len(hs)], [h.score for h in hs])
-                k += len(hs)
+            for i, hs in zip(batch, search(src.to(self.device))):
+                out[i] = hs
         return out
+
+    def translate_chunk(self, lines: list[str], first_line_no: int = 1) -> list[Translation]:
+        """Translate a list of lines, returning one Translation per line in the same order."""
+        hyps = self._hypotheses(lines, first_line_no, self._search)
+        texts = iter(self.tokenizer.decode_batch([h.tokens for hs in hyps for h in hs]))
+        return [Translation([next(texts) for _ in hs], [h.score for h in hs]) for hs in hyps]
+
+    def best_under(self, lines: list[str], alphas: Sequence[float]) -> list[list[str]]:
+        """The 1-best translation of every line under each length penalty, [alpha][line], from one search: beam
+        search finishes the same hypotheses whatever the penalty, which only ranks them (search.beam_finished)."""
+        finished = self._hypotheses(lines, 1, lambda src: self._search(src, every_alpha=True))
+        best = [[ranked(hs, alpha)[0].tokens if hs else [] for hs in finished] for alpha in alphas]
+        return [self.tokenizer.decode_batch(tokens) for tokens in best]
 
     def translate(self, lines: Iterable[str], chunk: int = 1000) -> Iterator[Translation]:
         """Stream translations of ``lines`` in input order, holding at most ``chunk`` lines at a time."""
