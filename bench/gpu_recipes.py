@@ -1,10 +1,13 @@
 """Multi30k recipes for a GPU, searched in one call: both directions' variants train side by side on one card.
 
 Runs bench.recipe_search for ``multi30k-de-en`` and ``multi30k-en-de`` at once, each with the variants in
-VARIANTS (the CPU recipe, and wider or deeper models held back by more dropout or a lower rate), for
-``--minutes`` each; every run is averaged and scored on val, and the one chosen on val per direction alone on
-test. ``--reach`` (default: the CPU recipe's last greedy val BLEU, de->en) gives each run's first minute at that
-score, so the JSON holds the learning curves against wall-clock minutes. One JSON per direction.
+VARIANTS (the CPU recipe, and the paper's 6-layer, 8-head, d_model 512 shape held back for 29,000 pairs in
+three ways), for ``--minutes`` each. Validation during training is greedy on the first 400 val sentences every
+500 updates (a small share of each run); at the end each run's ``best/`` and the means of its last 3 and last 5
+checkpoints are translated on the whole val split with beam 5 at every length penalty of ALPHAS, each run's
+checkpoint and penalty are chosen on val, and the one run chosen per direction is written with its penalty
+(``<run>.chosen``) and alone scored on test. One JSON per direction, and ``curves.png``: greedy val BLEU against
+wall-clock seconds, one line per run. Sized for one H100 or H200 in about 8 minutes.
 
     python -m bench.gpu_recipes --data data/multi30k --out $OUT                       # on the GPU, about 8 minutes
     python -m bench.gpu_recipes --device cpu --quick --out /tmp/r                     # checks it runs (CI)
@@ -20,27 +23,61 @@ from bench.common import DEFAULT_DATA, ROOT
 from bench.recipe_search import main as recipe_search
 
 DIRECTIONS = ("multi30k-de-en", "multi30k-en-de")
-WIDE = "model.d_model=512 model.d_ff=2048 model.h=8"
+PAPER_SHAPE = "model.N=6 model.d_model=512 model.d_ff=2048 model.h=8 model.dropout=0.3"
 VARIANTS = {
     "recipe": "",
-    "wide03": WIDE,
-    "wide04": f"{WIDE} model.dropout=0.4",
-    "wide03-lr5e4": f"{WIDE} train.peak_lr=0.0005 train.warmup=1000",
-    "base04": f"model.N=6 {WIDE} model.dropout=0.4 train.peak_lr=0.0005 train.warmup=1000",
-    "wide03-prenorm": f"{WIDE} model.norm_first=true",
+    # pre-norm trains a deep model at a higher rate; attention and ReLU dropout hold it back on few pairs
+    "base-pre": f"{PAPER_SHAPE} model.norm_first=true model.attention_dropout=0.1 model.relu_dropout=0.1 "
+    "train.peak_lr=0.001 train.warmup=1000",
+    "base-pre-reg": f"{PAPER_SHAPE} model.norm_first=true model.attention_dropout=0.2 model.relu_dropout=0.2 "
+    "train.label_smoothing=0.2 train.peak_lr=0.001 train.warmup=1000",
+    # the paper's post-norm, with the same inner dropout, at the rate post-norm trained at before
+    "base-post": f"{PAPER_SHAPE} model.attention_dropout=0.1 model.relu_dropout=0.1 train.peak_lr=0.0007 "
+    "train.warmup=1000",
 }
+ALPHAS = (0.6, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0)  # length penalties tried on val, all from one beam search
+AVERAGES = (3, 5)  # the means of the last K checkpoints that compete with best/
 CPU_RECIPE_FINAL_GREEDY_VAL_BLEU = 38.74  # bench/results/2026-11-27-multi30k-de-en-repro.json, update 5350
-QUICK = [  # 2 updates, outputs of 5 tokens at most: only that every step runs
-    *("train.max_steps=2", "train.eval_every=1", "train.save_every=1", "train.keep_last=3"),
+QUICK = [  # 5 updates, outputs of 5 tokens at most: only that every step runs, averages of 3 and 5 included
+    *("train.max_steps=5", "train.eval_every=5", "train.save_every=1", "train.keep_last=5"),
     *("train.eval_sentences=4", "decode.max_len_a=0", "decode.max_len_b=5", "tokenizer.vocab_size=1000"),
 ]
-GPU = ["train.max_steps=20000"]  # the early stop (patience) or --minutes ends a run, not the CPU recipe's 5,350
+QUICK_ALPHAS = (1.0, 3.0)
+GPU = [  # the early stop (patience) or --minutes ends a run; validation during training kept to a few percent
+    *("train.max_steps=20000", "train.eval_every=500", "train.eval_sentences=400", "decode.batch_tokens=16384"),
+]
 
 
 def variant_args(quick: bool) -> list[str]:
     """``--variant`` arguments for bench.recipe_search: all VARIANTS, or with ``quick`` the first (the CPU recipe)."""
     chosen = list(VARIANTS.items())[: 1 if quick else None]
     return [a for name, sets in chosen for a in ("--variant", f"{name} {sets}".strip())]
+
+
+def plot_curves(results: dict[str, dict], path: Path) -> Path | None:
+    """Greedy val BLEU against wall-clock seconds, a panel per direction and a line per run (None without
+    matplotlib: the curves are in the JSON too)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("curves not drawn: matplotlib is not installed (pip install -e '.[plot]'); they are in the JSON")
+        return None
+    fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4.5), squeeze=False)
+    for ax, (direction, result) in zip(axes[0], results.items()):
+        for name, run in result["runs"].items():
+            if run.get("greedy_val_bleu_by_second"):
+                seconds, bleu = zip(*run["greedy_val_bleu_by_second"])
+                ax.plot(seconds, bleu, marker=".", label=name)
+        ax.set(title=direction, xlabel="seconds since the start", ylabel="greedy val BLEU")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict]:
@@ -51,11 +88,13 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     p.add_argument("--threads", type=int, default=1, help="OpenMP threads per process")
     p.add_argument("--reach", type=float, default=CPU_RECIPE_FINAL_GREEDY_VAL_BLEU)
     p.add_argument("--runs", type=Path, default=ROOT / "runs" / "gpu_recipes")
-    p.add_argument("--out", type=Path, required=True, help="folder for the two JSON files")
-    p.add_argument("--quick", action="store_true", help="the first variant, 2 updates: checks that it runs")
+    p.add_argument("--out", type=Path, required=True, help="folder for the two JSON files and curves.png")
+    p.add_argument("--quick", action="store_true", help="the first variant, 5 updates: checks that it runs")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     common = [a for s in (QUICK if args.quick else GPU) for a in ("--set", s)]
+    common += [a for alpha in (QUICK_ALPHAS if args.quick else ALPHAS) for a in ("--alpha", str(alpha))]
+    common += [a for k in AVERAGES for a in ("--average", str(k))]
 
     def search(config: str) -> dict:
         return recipe_search(
@@ -69,7 +108,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         )
 
     with ThreadPoolExecutor(len(DIRECTIONS)) as pool:
-        return dict(zip(DIRECTIONS, pool.map(search, DIRECTIONS)))
+        results = dict(zip(DIRECTIONS, pool.map(search, DIRECTIONS)))
+    plot_curves(results, args.out / "curves.png")
+    return results
 
 
 if __name__ == "__main__":

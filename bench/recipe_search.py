@@ -2,20 +2,23 @@
 
 Each ``--variant`` is a name and the ``--set`` overrides that make it ("dropout02 model.dropout=0.2").
 All variants train at once, each a ``tfm train`` process with ``--threads`` OpenMP threads, for at most
-``--minutes``; then each run's ``best/`` and the mean of its last 3 checkpoints are translated and
-scored on the validation split with the config's beam and length penalty. With ``--test``, the run
-and checkpoint with the highest validation BLEU, and only that one, are scored on the test split:
-the search itself never looks at test. Runs sharing a GPU or CPU slow each other, so their minutes
-and tokens per second are not what one run alone would take.
+``--minutes``. Then each run's ``best/`` and the means of its last K checkpoints (``--average K``, 3 by default)
+are translated on the validation split with the config's beam, at every length penalty of ``--alpha`` from one
+beam search each (the config's penalty without it), and each run's checkpoint and penalty are chosen on val.
+The run chosen on val is written as a checkpoint of its own with its penalty in its config (``<run>.chosen``),
+so that ``tfm translate`` uses it; with ``--test`` that checkpoint, and only that one, is scored on the test
+split: the search itself never looks at test. Runs sharing a GPU or CPU slow each other, so their minutes and
+tokens per second are not what one run alone would take.
 
     python -m bench.recipe_search --config multi30k-de-en --device cuda --minutes 5.5 --variant recipe \\
-        --variant "dropout02 model.dropout=0.2" --variant "bpe4k tokenizer.vocab_size=4000" \\
+        --variant "dropout02 model.dropout=0.2" --alpha 1 --alpha 2 --alpha 3 --average 3 --average 5 \\
         --json bench/results/<date>-<what>.json
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -24,10 +27,9 @@ from datetime import date
 from pathlib import Path
 
 from bench.common import DEFAULT_DATA, ROOT, machine
-from transformer.checkpoint import read_config
+from transformer import checkpoint
 
-AVERAGED = 3  # checkpoints in the mean that competes with best/
-AVG = f"avg{AVERAGED}"  # its folder in each run
+CHOSEN = "chosen"  # the checkpoint chosen on val, with its length penalty, beside the runs: <run>.chosen
 
 
 def _tfm(args: list[str], log: Path, threads: int) -> subprocess.Popen:
@@ -39,13 +41,13 @@ def _tfm(args: list[str], log: Path, threads: int) -> subprocess.Popen:
         )
 
 
-def _wait(procs: dict[str, subprocess.Popen]) -> dict[str, int]:
+def _wait(procs: dict) -> dict:
     return {name: p.wait() for name, p in procs.items()}
 
 
 def _log(run: Path, reach: float | None) -> dict:
-    """Updates, stop reason, time split, validation curve (by update and by minute since the start), lowest
-    validation nll of a run's log.jsonl, and the first minute its greedy validation BLEU reached ``reach``."""
+    """Updates, stop reason, time split, validation curve (by update and by second since the start), lowest
+    validation nll of a run's log.jsonl, and the first second its greedy validation BLEU reached ``reach``."""
     entries = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines() if line.strip()]
     valid = [e for e in entries if e.get("kind") == "valid"]
     end = next((e for e in entries if e.get("kind") == "end"), {})
@@ -57,51 +59,54 @@ def _log(run: Path, reach: float | None) -> dict:
         "minutes_training_validation_checkpoints": [
             round(end.get(k, 0) / 60, 1) for k in ("train_s", "valid_s", "save_s")
         ],
+        "validation_share": round(end.get("valid_s", 0) / end["seconds"], 3) if end.get("seconds") else None,
         "target_tokens_per_s": round(sum(trained) / len(trained)) if trained else None,
         "greedy_val_bleu": {e["step"]: e["valid_bleu"] for e in valid},
-        "greedy_val_bleu_by_minute": [[round(e["elapsed_s"] / 60, 2), e["valid_bleu"]] for e in valid],
+        "greedy_val_bleu_by_second": [[round(e["elapsed_s"], 1), e["valid_bleu"]] for e in valid],
         "valid_nll_lowest": min((round(e["valid_nll"], 3), e["step"]) for e in valid) if valid else None,
-        "minutes_to_reach": next((round(e["elapsed_s"] / 60, 2) for e in valid if e["valid_bleu"] >= reach), None)
+        "seconds_to_reach": next((round(e["elapsed_s"], 1) for e in valid if e["valid_bleu"] >= reach), None)
         if reach is not None
         else None,
     }
 
 
-def _score(folder: Path) -> dict | None:
-    """The scores ``tfm eval --output-dir folder`` wrote, or None if it wrote none."""
-    found = sorted(folder.glob("*.json"))
-    if not found:
-        return None
-    result = json.loads(found[0].read_text())
+def _scores(folder: Path) -> dict[float, dict]:
+    """The scores ``tfm eval --output-dir folder`` wrote, by length penalty (none if it wrote none)."""
     keys = ("bleu", "bleu_lc", "chrf", "beam", "alpha", "bleu_signature", "bleu_lc_signature")
-    return {k: result[k] for k in keys}
+    reports = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+    return {r["alpha"]: {k: r[k] for k in keys} for r in reports}
 
 
 def _evaluate(
-    runs: Path, pairs: list[tuple[str, str]], split: str, data: str, device: str, threads: int
-) -> dict[tuple[str, str], dict | None]:
-    """Score each (run, checkpoint) on ``split`` ("valid" or "test": the run's config names them), all at once."""
+    runs: Path, checkpoints: dict[str, Path], split: str, data: str, device: str, threads: int, alphas: list[float]
+) -> dict[str, dict[float, dict]]:
+    """Score each named checkpoint on ``split`` ("valid" or "test": its config names them), all at once, at
+    every length penalty of ``alphas`` (the config's if empty), each checkpoint from one beam search."""
     procs = {}
-    for name, ck in pairs:
-        which = ["--split", read_config(runs / name / ck).data.valid_split] if split == "valid" else []
-        procs[(name, ck)] = _tfm(
-            [
-                "eval",
-                "--checkpoint",
-                str(runs / name / ck),
-                *which,
-                "--data-dir",
-                data,
-                "--device",
-                device,
-                "--output-dir",
-                str(runs / name / f"eval-{ck}-{split}"),
-            ],
-            runs / f"{name}.{ck}.{split}.txt",
-            threads,
+    (runs / "eval").mkdir(exist_ok=True)
+    for name, path in checkpoints.items():
+        which = ["--split", checkpoint.read_config(path).data.valid_split] if split == "valid" else []
+        args = ["eval", "--checkpoint", str(path), *which, "--data-dir", data, "--device", device, "--overwrite"]
+        args += [a for alpha in alphas for a in ("--alpha", str(alpha))]
+        procs[name] = _tfm(
+            [*args, "--output-dir", str(runs / "eval" / f"{name}.{split}")], runs / f"{name}.{split}.txt", threads
         )
     _wait(procs)
-    return {pair: _score(runs / pair[0] / f"eval-{pair[1]}-{split}") for pair in pairs}
+    return {name: _scores(runs / "eval" / f"{name}.{split}") for name in checkpoints}
+
+
+def _choose(scored: dict[str, dict[float, dict]]) -> tuple[str, float, float] | None:
+    """(checkpoint, alpha, BLEU) with the highest BLEU; the first in order among equals (as max keeps it)."""
+    found = [(ck, alpha, s["bleu"]) for ck, by_alpha in scored.items() for alpha, s in by_alpha.items()]
+    return max(found, key=lambda f: f[2], default=None)
+
+
+def _write_chosen(source: Path, alpha: float, out: Path, why: dict) -> Path:
+    """``source`` again as ``out`` with ``alpha`` as its decode.alpha, so that tfm translate and eval use it."""
+    loaded = checkpoint.load(source)
+    cfg = dataclasses.replace(loaded.cfg, decode=dataclasses.replace(loaded.cfg.decode, alpha=alpha))
+    meta = {**loaded.meta, "chosen_on_val": why}
+    return checkpoint.save(out, cfg, loaded.tokenizer, loaded.model, meta, users=True)
 
 
 def search(
@@ -115,29 +120,22 @@ def search(
     common: list[str],
     test: bool,
     reach: float | None = None,
+    alphas: list[float] | None = None,
+    averages: list[int] | None = None,
 ) -> dict:
-    """Train every variant (name: its overrides) side by side, score each on val, the best one on test if ``test``."""
+    """Train every variant (name: its overrides) side by side; choose each one's checkpoint and length penalty on
+    val; write the best run's choice as ``<name>.chosen`` and, if ``test``, score that one on test."""
+    alphas, averages = alphas or [], averages or [3]
     runs.mkdir(parents=True, exist_ok=True)
     train = {
         name: _tfm(
             [
-                "train",
-                "--config",
-                config,
-                "--data-dir",
-                data,
-                "--quiet",
-                "--overwrite",
+                *("train", "--config", config, "--data-dir", data, "--quiet", "--overwrite"),
                 *[
                     a
-                    for s in [
-                        f"name={name}",
-                        f"run_dir={runs}",
-                        f"device={device}",
-                        f"train.max_minutes={minutes}",
-                        *common,
-                        *sets,
-                    ]
+                    for s in [f"name={name}", f"run_dir={runs}", f"device={device}", f"train.max_minutes={minutes}"]
+                    + common
+                    + sets
                     for a in ("--set", s)
                 ],
             ],
@@ -148,59 +146,79 @@ def search(
     }
     exit_codes = _wait(train)
     trained = [n for n in named if exit_codes[n] == 0]
-    averaged = {
-        n: _tfm(
-            ["average", str(runs / n), "--last", str(AVERAGED), "--output", str(runs / n / AVG), "--overwrite"],
-            runs / f"{n}.average.txt",
-            threads,
-        )
-        for n in trained
-    }
-    averaged = _wait(averaged)
-    pairs = [(n, "best") for n in trained] + [(n, AVG) for n in trained if averaged[n] == 0]
-    val = _evaluate(runs, pairs, "valid", data, device, threads)
+    averaged = _wait(
+        {
+            (n, k): _tfm(
+                ["average", str(runs / n), "--last", str(k), "--output", str(runs / f"{n}.avg{k}"), "--overwrite"],
+                runs / f"{n}.avg{k}.txt",
+                threads,
+            )
+            for n in trained
+            for k in averages
+        }
+    )
+    checkpoints = {(n, "best"): runs / n / "best" for n in trained}
+    checkpoints |= {(n, f"avg{k}"): runs / f"{n}.avg{k}" for (n, k), code in averaged.items() if code == 0}
+    val = _evaluate(
+        runs, {f"{n}.{ck}": p for (n, ck), p in checkpoints.items()}, "valid", data, device, threads, alphas
+    )
     result = {
         "config": config,
         "device": device,
         "minutes": minutes,
         "threads": threads,
         "common": common,
+        "alphas": alphas,
+        "averages": averages,
         "reach": reach,
         "runs": {},
     }
+    choices = {}
     for name, sets in named.items():
         entry = {"set": sets, "exit_code": exit_codes[name]}
         if name in trained:
             entry |= _log(runs / name, reach)
-            entry["val"] = {ck: val.get((name, ck)) for ck in ("best", AVG)}
+            scored = {ck: val[f"{n}.{ck}"] for (n, ck) in checkpoints if n == name}
+            entry["val"] = {ck: {str(alpha): s for alpha, s in by_alpha.items()} for ck, by_alpha in scored.items()}
+            if chosen := _choose(scored):
+                choices[name] = chosen
+                entry["chosen_on_val"] = dict(zip(("checkpoint", "alpha", "bleu"), chosen))
         result["runs"][name] = entry
-    scored = [(s["bleu"], pair) for pair, s in val.items() if s]
-    if scored:
-        name, ck = max(scored)[1]
-        result["chosen_on_val"] = {"run": name, "checkpoint": ck}
+    if choices:
+        name = max(choices, key=lambda n: choices[n][2])
+        ck, alpha, bleu = choices[name]
+        why = {"run": name, "checkpoint": ck, "alpha": alpha, "bleu": bleu}
+        path = _write_chosen(checkpoints[(name, ck)], alpha, runs / f"{name}.{CHOSEN}", why)
+        result["chosen_on_val"] = {**why, "path": str(path)}
         if test:
-            result["chosen_on_val"]["test"] = _evaluate(runs, [(name, ck)], "test", data, device, threads)[(name, ck)]
+            scored = _evaluate(runs, {f"{name}.{CHOSEN}": path}, "test", data, device, threads, [])
+            result["chosen_on_val"]["test"] = next(iter(scored[f"{name}.{CHOSEN}"].values()), None)
     return result
 
 
 def _table(result: dict) -> str:
-    rows = [f"variant              updates  minutes  val best/  val {AVG}  minutes to reach {result['reach']}"]
+    rows = [
+        f"variant              updates  minutes  val share  chosen on val (checkpoint, alpha: BLEU)  "
+        f"seconds to {result['reach']}"
+    ]
     for name, r in result["runs"].items():
         if "val" not in r:
             rows.append(f"{name:20} training failed (exit {r['exit_code']})")
             continue
-        bleu = [f"{s['bleu']:.2f}" if s else "-" for s in r["val"].values()]
+        c = r.get("chosen_on_val")
+        chosen = f"{c['checkpoint']}, {c['alpha']:g}: {c['bleu']:.2f}" if c else "-"
+        share = f"{r['validation_share']:.0%}" if r["validation_share"] is not None else "-"
         rows.append(
-            f"{name:20} {r['updates']:7}  {r['minutes']:7}  {bleu[0]:>9}  {bleu[1]:>8}  {r['minutes_to_reach'] or '-'}"
+            f"{name:20} {r['updates']:7}  {r['minutes']:7}  {share:>9}  {chosen:39}  {r['seconds_to_reach'] or '-'}"
         )
     chosen = result.get("chosen_on_val")
     if chosen:
+        test = chosen.get("test")
         rows.append(
-            f"chosen on val: {chosen['run']}/{chosen['checkpoint']}"
+            f"chosen on val: {chosen['run']}/{chosen['checkpoint']} at alpha {chosen['alpha']:g}, in {chosen['path']}"
             + (
-                f"; test BLEU {chosen['test']['bleu']:.2f} (lowercased {chosen['test']['bleu_lc']:.2f}), "
-                f"chrF {chosen['test']['chrf']:.2f}"
-                if chosen.get("test")
+                f"; test BLEU {test['bleu']:.2f} (lowercased {test['bleu_lc']:.2f}), chrF {test['chrf']:.2f}"
+                if test
                 else ""
             )
         )
@@ -222,9 +240,25 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--device", default="auto")
     p.add_argument("--minutes", type=float, default=20.0, help="training minutes per run at most")
     p.add_argument("--threads", type=int, default=1, help="OpenMP threads per process")
+    p.add_argument(
+        "--alpha",
+        type=float,
+        action="append",
+        default=[],
+        dest="alphas",
+        help="a length penalty to "
+        "score on val (repeatable; all from one beam search a checkpoint; default: the config's)",
+    )
+    p.add_argument(
+        "--average",
+        type=int,
+        action="append",
+        dest="averages",
+        help="also score the mean of the last K checkpoints of each run (repeatable; default: 3)",
+    )
     p.add_argument("--test", action="store_true", help="score the one chosen on val on the test split")
     p.add_argument("--json", type=Path, help="write the result here too")
-    p.add_argument("--reach", type=float, help="report the first minute each run's greedy val BLEU reached this")
+    p.add_argument("--reach", type=float, help="report the first second each run's greedy val BLEU reached this")
     args = p.parse_args(argv)
     named = {v.split()[0]: v.split()[1:] for v in args.variant if v.split()}
     if len(named) != len(args.variant):
@@ -240,6 +274,8 @@ def main(argv: list[str] | None = None) -> dict:
         args.common,
         args.test,
         args.reach,
+        args.alphas,
+        args.averages,
     )
     result = {
         "date": date.today().isoformat(),

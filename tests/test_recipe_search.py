@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from tiny import SAMPLE
 
 from bench.recipe_search import main
+from transformer.checkpoint import read_config
 
 QUICK = [
     "--set",
@@ -25,44 +28,43 @@ def test_variants_are_compared_on_val_and_only_the_chosen_one_is_tested(tmp_path
     runs = tmp_path / "runs"
     result = main(
         [
-            "--config",
-            "quickstart",
-            "--data",
-            str(SAMPLE),
-            "--device",
-            "cpu",
-            "--minutes",
-            "2",
-            "--runs",
-            str(runs),
-            "--variant",
-            "plain",
-            "--variant",
-            "dropout0 model.dropout=0.0",
-            "--variant",
-            "typo train.lerning_rate=1",
-            "--test",
-            "--reach",
-            "0",
-            "--json",
-            str(tmp_path / "r.json"),
+            *("--config", "quickstart", "--data", str(SAMPLE), "--device", "cpu", "--minutes", "2"),
+            *("--runs", str(runs), "--variant", "plain", "--variant", "dropout0 model.dropout=0.0"),
+            *("--variant", "typo train.lerning_rate=1", "--test", "--reach", "0", "--json", str(tmp_path / "r.json")),
+            *("--alpha", "0.5", "--alpha", "2", "--average", "2", "--average", "3"),
             *QUICK,
         ]
     )
     plain, dropout0, typo = (result["runs"][n] for n in ("plain", "dropout0", "typo"))
     assert typo["exit_code"] == 2 and "val" not in typo
     assert plain["updates"] == dropout0["updates"] == 3 and dropout0["set"] == ["model.dropout=0.0"]
-    scores = {(n, ck): s["bleu"] for n in ("plain", "dropout0") for ck, s in result["runs"][n]["val"].items()}
-    assert len(scores) == 4
+    scores = {
+        (n, ck, float(alpha)): s["bleu"]
+        for n in ("plain", "dropout0")
+        for ck, by_alpha in result["runs"][n]["val"].items()
+        for alpha, s in by_alpha.items()
+    }
+    assert {(ck, a) for _, ck, a in scores} == {(ck, a) for ck in ("best", "avg2", "avg3") for a in (0.5, 2.0)}
+    for n in ("plain", "dropout0"):  # each run's own choice: its highest val BLEU over checkpoints and penalties
+        own = result["runs"][n]["chosen_on_val"]
+        assert (
+            own["bleu"]
+            == scores[(n, own["checkpoint"], own["alpha"])]
+            == max(b for (m, _, _), b in scores.items() if m == n)
+        )
     chosen = result["chosen_on_val"]
-    assert scores[(chosen["run"], chosen["checkpoint"])] == max(scores.values())
-    assert 0 <= chosen["test"]["bleu"] <= 100 and "case:lc" in chosen["test"]["bleu_lc_signature"]
-    curve = plain["greedy_val_bleu_by_minute"]  # a validation at each of the 3 updates, then the final one
-    assert len(curve) >= 3 and [m for m, _ in curve] == sorted(m for m, _ in curve)
-    assert plain["minutes_to_reach"] == curve[0][0]  # every BLEU reaches 0
-    assert [p.relative_to(runs).as_posix() for p in runs.glob("*/eval-*-test")] == [
-        f"{chosen['run']}/eval-{chosen['checkpoint']}-test"
-    ]
+    assert scores[(chosen["run"], chosen["checkpoint"], chosen["alpha"])] == max(scores.values())
+    written = read_config(Path(chosen["path"]))  # the choice, with its length penalty for tfm translate
+    assert written.decode.alpha == chosen["alpha"] and written.model.dropout == (
+        0.0 if chosen["run"] == "dropout0" else 0.1
+    )
+    assert chosen["test"]["alpha"] == chosen["alpha"] and 0 <= chosen["test"]["bleu"] <= 100
+    assert "case:lc" in chosen["test"]["bleu_lc_signature"]
+    curve = plain["greedy_val_bleu_by_second"]  # a validation at each of the 3 updates, then the final one
+    assert len(curve) >= 3 and [s for s, _ in curve] == sorted(s for s, _ in curve)
+    assert plain["seconds_to_reach"] == curve[0][0]  # every BLEU reaches 0
+    assert 0 < plain["validation_share"] < 1
+    assert sorted(p.name for p in (runs / "eval").glob("*.test")) == [f"{chosen['run']}.chosen.test"]
     assert (tmp_path / "r.json").is_file()
 
 
