@@ -33,6 +33,14 @@ def test_trains_and_writes_run_directory(tiny_run):
     assert kinds.count("valid") == 2
 
 
+def test_the_wait_for_the_first_update_is_logged_from_the_process_start(tiny_run):
+    """One ``start`` record: the seconds from the process's start to the end of the first update, set-up first."""
+    log = [json.loads(line) for line in (tiny_run.run_dir / "log.jsonl").read_text().splitlines()]
+    start = [e for e in log if e["kind"] == "start"]
+    assert len(start) == 1 and start[0]["step"] == 1
+    assert 0 < start[0]["set_up_s"] < start[0]["first_update_s"] < meter.clock() - meter.process_started()
+
+
 def test_loss_goes_down(tmp_path):
     cfg = tiny_config(
         tmp_path, train={"max_steps": 40, "eval_every": 40, "save_every": 40, "peak_lr": 3e-3}, model={"dropout": 0.0}

@@ -65,6 +65,52 @@ def test_compiled_step_gives_the_eager_losses_and_weights(tmp_path, monkeypatch)
     _assert_same(_updates(tmp_path / "eager", cpu, 4), _updates(tmp_path / "compiled", cpu, 4, compile=True), 1e-5)
 
 
+def test_one_encoder_layer_and_one_decoder_layer_are_compiled_for_all_n_and_every_shape(tmp_path, monkeypatch):
+    """Regional compilation: 3 + 3 layers and 3 batch shapes make 2 graphs; validation's eager block compiles none."""
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    monkeypatch.setattr(update, "COMPILE_BACKEND", counting)
+    torch._dynamo.reset()
+    cfg, tok, data, order = _tiny(tmp_path, compile=True)
+    cfg = replace(cfg, model=replace(cfg.model, N=3))
+    step = _updater(cfg, tok, torch.device("cpu"))
+    shapes = set()
+    for r, idx in enumerate(order):
+        work = collate_update([idx], data, tok, cfg)
+        shapes.add(work.batches[0][0].src.shape)
+        step(work, r + 1)
+        if len(shapes) == 3:
+            break
+    assert len(shapes) == 3 and len(graphs) == 2
+    with step.eager(), torch.no_grad():
+        step.model.eval()(work.batches[0][0].src, work.batches[0][0].tgt_in)
+    assert len(graphs) == 2
+    assert set(step.model.state_dict()) == set(build_model(cfg.model, tok.vocab_size, tok.pad_id).state_dict())
+
+
+@pytest.mark.slow
+def test_inductor_compiled_layers_give_the_eager_losses_and_gradients(tmp_path):
+    """The layers as inductor compiles them on the CPU (C++ kernels: the code path of the GPU's Triton kernels
+    before code generation) give the eager losses and gradients."""
+    cpu = torch.device("cpu")
+    cfg, tok, data, order = _tiny(tmp_path)
+    batches = [collate_update([order[r]], data, tok, cfg).batches[0][0] for r in range(2)]
+    eager, compiled = _updater(cfg, tok, cpu), _updater(replace(cfg, train=replace(cfg.train, compile=True)), tok, cpu)
+    for b in batches:  # gradients add up over the two batches, as over an update's micro-batches
+        losses = []
+        for step in (eager, compiled):
+            loss, _ = step.micro_loss(b, b.n_tokens)
+            loss.backward()
+            losses.append(float(loss))
+        assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+        for (name, p), q in zip(eager.model.named_parameters(), compiled.model.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_static_shapes_add_only_empty_rows(tmp_path):
     """Rows of nothing but <PAD> change neither the loss nor the gradients."""
     cpu = torch.device("cpu")

@@ -8,8 +8,10 @@ that holds a validation still says how fast the updates ran. Every duration of a
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 from transformer.training.forecast import TIMED_UPDATES
 from transformer.training.train_state import TrainState
@@ -18,6 +20,18 @@ from transformer.training.train_state import TrainState
 def clock() -> float:
     """Seconds on the monotonic clock."""
     return time.monotonic()
+
+
+def process_started() -> float:
+    """When this process started, on ``clock``: what a user waits through before training counts from there (Python,
+    torch's import). Linux tells it in /proc; elsewhere it is now."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()  # the name, in (), may hold spaces
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        age = uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime, in clock ticks after boot
+    except (OSError, ValueError, IndexError):
+        age = 0.0
+    return clock() - max(age, 0.0)
 
 
 class Meter:

@@ -1,8 +1,8 @@
 """The one route of a run's log records: each goes to log.jsonl and, when on, to TensorBoard, from rank 0 only.
 
-A record is a dict with ``step`` and ``kind`` (``train``, ``valid`` or ``end``). Every sink gets every record,
-in order, and writes it through before the next: the two logs cannot disagree, and an interrupted run leaves
-both complete up to its last record. log.jsonl is appended to, so a resumed run goes on in the same file
+A record is a dict with ``step`` and ``kind`` (``start``, ``train``, ``valid`` or ``end``). Every sink gets every
+record, in order, and writes it through before the next: the two logs cannot disagree, and an interrupted run
+leaves both complete up to its last record. log.jsonl is appended to, so a resumed run goes on in the same file
 (a reader keeps a repeated step's last record, as ``transformer.plots.read_log`` does).
 """
 

@@ -35,7 +35,7 @@ from transformer.text.tokenizer import Tokenizer
 from transformer.training import distributed, run_dir, tensorboard_log, train_data, train_state
 from transformer.training.cpu_precision import faster_cpu_precision
 from transformer.training.forecast import forecast
-from transformer.training.meter import Meter
+from transformer.training.meter import Meter, clock, process_started
 from transformer.training.prefetch import ahead
 from transformer.training.run_log import open_run_log
 from transformer.training.schedule import make_optimizer
@@ -71,6 +71,7 @@ class Trainer:
         main = distributed.launched_rank() == 0  # under torchrun the other ranks say nothing
         self.quiet = quiet or not main
         self.log = (log or (lambda msg: print(msg, file=sys.stderr))) if main else (lambda msg: None)
+        self.started = process_started()
         self.run_dir = cfg.out_dir
         self.device = distributed.local_device(resolve_device(cfg.device))
         # precision: auto becomes what this device runs best, and the run's config.yaml records it; a CPU without
@@ -173,6 +174,7 @@ class Trainer:
             unit="step",
         )
         self.meter = Meter(self.state)
+        self.set_up_s = clock() - self.started
         self.model.train()
         self.signals.training = True
         try:
@@ -237,6 +239,17 @@ class Trainer:
             s.target_tokens += out.tokens
         self.meter.tick(0 if out is None else out.tokens)
         self.bar.update(1)
+        if s.step == self.meter.first_step:
+            self._log_start()
+
+    def _log_start(self) -> None:
+        """How long the user waited for training to get under way: from the process's start to the end of its first
+        update (the set-up before it: data, tokenizer, model; the first update itself: compilation, if on)."""
+        first = clock() - self.started
+        self.run_log.record(
+            {"step": self.state.step, "kind": "start", "first_update_s": first, "set_up_s": self.set_up_s}
+        )
+        self.log(f"first update done {first:.1f} s after the start ({self.set_up_s:.1f} s of set-up before it)")
 
     def _log(self, out: Updated) -> None:
         """A log record of the update, with the throughput of the updates since the last one."""
@@ -294,7 +307,7 @@ class Trainer:
 
     def _validate_and_keep_best(self) -> None:
         before = self.state.valid_s
-        with self.meter.aside("valid"):
+        with self.meter.aside("valid"), self.update.eager():
             metrics = valid_metrics(self.model, self.tokenizer, self.cfg, self.device, self.valid, self.valid_enc)
         self.run_log.record(
             {

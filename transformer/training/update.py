@@ -5,14 +5,15 @@ whole update's non-pad target tokens (every rank's, under torchrun), so the grad
 on how the tokens were split into batches or across processes.
 
 Two switches change how the micro-batches run on a GPU, not what they compute: ``train.compile``
-(torch.compile of the model's forward and backward) and ``train.cuda_graphs`` (each batch shape's
-forward, loss and backward replayed as a CUDA graph, transformer.training.cuda_graphs).
+(torch.compile of each encoder and decoder layer, ``compile_layers``) and ``train.cuda_graphs`` (each batch
+shape's forward, loss and backward replayed as a CUDA graph, transformer.training.cuda_graphs).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import ContextManager, NamedTuple
 
 import torch
 
@@ -28,6 +29,18 @@ from transformer.training.loss import generator_loss
 from transformer.training.schedule import learning_rate
 
 COMPILE_BACKEND = "inductor"  # torch.compile's default; the CPU tests swap in "aot_eager", which compiles in seconds
+
+
+def compile_layers(model: Transformer) -> None:
+    """torch.compile each encoder and decoder layer in place (regional compilation).
+
+    The N layers of a stack run the same code on weights of the same shapes, so the code compiled for the
+    first serves all N: compiling costs about one layer of each kind, not the whole model. Shapes are
+    symbolic from the first batch (dynamic=True), so a new batch shape reuses that code rather than
+    compiling it again. The weights stay where they were: state_dict and checkpoints are unchanged.
+    """
+    for layer in (*model.encoder.layers, *model.decoder.layers):
+        layer.compile(backend=COMPILE_BACKEND, dynamic=True)
 
 
 @dataclass
@@ -76,9 +89,16 @@ class Updater:
     ) -> None:
         self.cfg, self.device = cfg, device
         self.model, self.ddp = model, ddp
-        self.forward = torch.compile(ddp, backend=COMPILE_BACKEND) if cfg.train.compile else ddp
+        if cfg.train.compile:
+            compile_layers(model)
+        self.forward = ddp
         self.optimizer, self.scaler = optimizer, scaler
         self.graphs = MicroStepGraphs(self._graphed_step, device) if cfg.train.cuda_graphs else None
+
+    def eager(self) -> ContextManager:
+        """Run the model as plain PyTorch inside this block (validation, decoding): their shapes and modes are not
+        training's, and compiling them as well would cost more time than it saves."""
+        return torch.compiler.set_stance("force_eager") if self.cfg.train.compile else contextlib.nullcontext()
 
     def micro_loss(self, batch: Batch, total: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One micro-batch's loss divided by the update's target tokens, and its summed NLL."""
