@@ -25,8 +25,8 @@ from bench.common import DEFAULT_DATA, ROOT
 from bench.marian_peer import build_marian, marian_logits
 from transformer import checkpoint
 from transformer.config import Config, load
-from transformer.decoding.scoring import score
 from transformer.decoding.translator import Translator
+from transformer.scoring import score
 from transformer.text.batching import collate, encode_corpus, make_batches, source_tensor
 from transformer.text.corpus import load_split
 from transformer.text.tokenizer import train_tokenizer

@@ -43,10 +43,10 @@ from bench.common import interleave, paired_ratio, workers
 from bench.marian_peer import build_marian, copy_tfm_weights
 from transformer import checkpoint
 from transformer.config import DecodeConfig
-from transformer.decoding.export import export
-from transformer.decoding.scoring import score
 from transformer.decoding.search import max_output_lengths
 from transformer.decoding.translator import Translator
+from transformer.export.write import export
+from transformer.scoring import score
 from transformer.text.batching import source_tensor
 from transformer.text.tokenizer import Tokenizer
 

@@ -30,9 +30,9 @@ import torch
 
 from bench.common import machine
 from transformer import checkpoint
-from transformer.decoding.export import export
-from transformer.decoding.scoring import score
 from transformer.decoding.search import beam_search, greedy_search, length_penalty, max_output_lengths
+from transformer.export.write import export
+from transformer.scoring import score
 from transformer.text.batching import source_tensor
 from transformer.text.corpus import load_split
 

@@ -11,7 +11,7 @@ import torch
 from transformers import MarianConfig, MarianMTModel
 
 from transformer.config import ModelConfig
-from transformer.decoding.hf_export import marian_config
+from transformer.export.marian import marian_config
 from transformer.text.tokenizer import Tokenizer
 
 

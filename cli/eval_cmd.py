@@ -69,8 +69,8 @@ def run_eval(
     checkpoint's eval/). The scores are printed before anything is written, so a failed write loses no result.
     Several ``alphas`` (length penalties) are scored from one beam search, one report each."""
     from transformer import checkpoint as ckpt
-    from transformer.decoding.scoring import score
     from transformer.errors import DataError
+    from transformer.scoring import score
 
     if hyp is not None:
         if ref is None:

@@ -235,7 +235,8 @@ def attention(
         if head != "all" and not (head.isdigit() and int(head) >= 1):
             fail(f"--head takes a head number from 1 or 'all', not '{head}'")
         from transformer import checkpoint as ckpt
-        from transformer.plots import attention_maps, plot_attention
+        from transformer.decoding.attention_maps import attention_maps
+        from transformer.plots import plot_attention
 
         loaded = ckpt.load(checkpoint or ckpt.newest(runs), "cpu")
         d = loaded.cfg.decode
@@ -264,7 +265,7 @@ def export(
 ) -> None:
     """Convert a checkpoint for CTranslate2 or Hugging Face transformers, weights and vocabulary included."""
     with user_errors():
-        from transformer.decoding.export import export as export_checkpoint
+        from transformer.export.write import export as export_checkpoint
 
         path = export_checkpoint(checkpoint, output, format_, overwrite)
     print(path)

@@ -11,9 +11,9 @@ import torch
 from tiny import ROOT, tiny_config
 
 from transformer import checkpoint
-from transformer.decoding.export import export
 from transformer.decoding.search import greedy_search
 from transformer.errors import ExportError, OutputError
+from transformer.export.write import export
 from transformer.model.transformer import build_model
 
 ctranslate2 = pytest.importorskip("ctranslate2")

@@ -8,7 +8,7 @@ import json
 import shutil
 
 from transformer import checkpoint
-from transformer.decoding.model_card import model_card
+from transformer.export.model_card import model_card
 
 
 def test_card_names_the_languages_and_says_when_there_is_no_score(tiny_checkpoint):

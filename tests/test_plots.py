@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from transformer import checkpoint, plots
+from transformer.decoding.attention_maps import attention_maps
 from transformer.model.transformer import build_model
 from transformer.text.corpus import load_split
 from transformer.text.tokenizer import train_tokenizer
@@ -69,23 +70,23 @@ def test_landmarks_are_the_last_validation_by_20_minutes_and_the_best():
 @needs_matplotlib
 def test_attention_one_head_and_all_heads(ckpt, tmp_path):
     loaded = checkpoint.load(ckpt)
-    maps = plots.attention_maps(loaded.model, loaded.tokenizer, SENTENCE, "cross", max_len_b=4)
+    maps = attention_maps(loaded.model, loaded.tokenizer, SENTENCE, "cross", max_len_b=4)
     assert maps.weights.shape == (2, len(maps.rows), len(maps.cols))
     assert maps.cols[-1] == "<END>" and maps.rows[-1] == "<END>"
     assert png_size(plots.plot_attention(maps, tmp_path / "one.png", head=1)) == plots.PANEL_SIZE
     assert png_size(plots.plot_attention(maps, tmp_path / "all.png")) == (2 * plots.PANEL_SIZE[0], plots.PANEL_SIZE[1])
-    encoder = plots.attention_maps(loaded.model, loaded.tokenizer, SENTENCE, "encoder")
+    encoder = attention_maps(loaded.model, loaded.tokenizer, SENTENCE, "encoder")
     assert encoder.rows == encoder.cols == maps.cols
-    decoder = plots.attention_maps(loaded.model, loaded.tokenizer, SENTENCE, "decoder", max_len_b=4)
+    decoder = attention_maps(loaded.model, loaded.tokenizer, SENTENCE, "decoder", max_len_b=4)
     assert decoder.cols[0] == "<START>" and len(decoder.cols) == len(decoder.rows)
 
 
 def test_a_model_trained_on_lowercased_text_is_shown_its_input_lowercased(ckpt):
     loaded = checkpoint.load(ckpt)
-    shouted = plots.attention_maps(loaded.model, loaded.tokenizer, SENTENCE.upper(), lowercase=True)
-    lowered = plots.attention_maps(loaded.model, loaded.tokenizer, SENTENCE.lower())
+    shouted = attention_maps(loaded.model, loaded.tokenizer, SENTENCE.upper(), lowercase=True)
+    lowered = attention_maps(loaded.model, loaded.tokenizer, SENTENCE.lower())
     assert shouted.cols == lowered.cols and shouted.weights.equal(lowered.weights)
-    assert plots.attention_maps(loaded.model, loaded.tokenizer, SENTENCE.upper()).cols != lowered.cols
+    assert attention_maps(loaded.model, loaded.tokenizer, SENTENCE.upper()).cols != lowered.cols
 
 
 @needs_matplotlib

@@ -6,8 +6,8 @@ import pytest
 import sacrebleu
 from corpus_files import tatoeba_config
 
-from transformer.decoding.scoring import bleu_tokenizer, score
 from transformer.errors import EvalError
+from transformer.scoring import bleu_tokenizer, score
 
 
 def test_same_as_sacrebleu_and_signature_printed():

@@ -14,8 +14,8 @@ import torch
 from serve_helpers import Client, call, in_thread, post
 
 from transformer import checkpoint
+from transformer.decoding.attention_maps import attention_maps
 from transformer.decoding.translator import Translator
-from transformer.plots import attention_maps
 from transformer.serving.app import create_app
 from transformer.serving.batcher import Batcher
 from transformer.serving.checks import Limits

@@ -1,1 +1,1 @@
-"""Text out: greedy and beam search, the Translator (text in, text out), BLEU and chrF, export to CTranslate2."""
+"""Text out: greedy and beam search, and the Translator (text in, text out)."""

@@ -19,9 +19,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from transformer.checkpoint import Loaded
+from transformer.decoding.attention_maps import attention_maps
 from transformer.decoding.translator import Translation
 from transformer.errors import UserError
-from transformer.plots import attention_maps
 from transformer.serving.batcher import Batcher, Busy, Closed, OutOfMemory
 from transformer.serving.checks import Limits, RequestError, check_attention, check_translate, read_json
 

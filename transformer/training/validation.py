@@ -14,11 +14,11 @@ from dataclasses import replace
 import torch
 
 from transformer.config import Config
-from transformer.decoding.scoring import score
 from transformer.decoding.translator import Translator
 from transformer.device import autocast
 from transformer.model.speed import training_attention
 from transformer.model.transformer import Transformer
+from transformer.scoring import score
 from transformer.text.batching import EncodedCorpus, collate, make_batches
 from transformer.text.corpus import Corpus
 from transformer.text.tokenizer import Tokenizer

@@ -14,10 +14,10 @@ import torch
 from tiny import ROOT, tiny_config
 
 from transformer import checkpoint
-from transformer.decoding.export import export
-from transformer.decoding.hf_export import residual_order
 from transformer.decoding.search import beam_search, greedy_search
 from transformer.errors import ExportError
+from transformer.export.marian import residual_order
+from transformer.export.write import export
 from transformer.model.transformer import build_model, sinusoids
 
 transformers = pytest.importorskip("transformers")

@@ -1,4 +1,4 @@
-"""Export a checkpoint to other inference engines: CTranslate2 (here) and Hugging Face transformers (hf_export).
+"""A checkpoint as a CTranslate2 model (``tfm export --format ctranslate2``).
 
 The CTranslate2 model is built with its Python spec API (``TransformerSpec.from_config``) and filled
 tensor by tensor from tfm's state dict, so CTranslate2 runs exactly tfm's network: the same weights,
@@ -10,16 +10,11 @@ feeds ``x + <END>`` as the source and starts the target with ``<START>``, so the
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import torch
 
-from transformer.checkpoint import Loaded, load
+from transformer.checkpoint import Loaded
 from transformer.errors import ExportError
-from transformer.files import atomic_dir
-
-FORMATS = ("ctranslate2", "hf")
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -93,24 +88,3 @@ def ctranslate2_spec(loaded: Loaded):  # -> ctranslate2.specs.TransformerSpec (a
     spec.validate()
     spec.optimize()  # stores the tied embedding once
     return spec
-
-
-def export(checkpoint: str | Path, output: str | Path, fmt: str = "ctranslate2", overwrite: bool = False) -> Path:
-    """Write the checkpoint in ``fmt`` to ``output`` (written aside, then renamed into place)."""
-    if fmt not in FORMATS:
-        raise ExportError(f"unknown export format '{fmt}'; choose one of {', '.join(FORMATS)}")
-    out = Path(output)
-    if out.exists() and not overwrite:
-        raise ExportError(f"{out} already exists; pass --overwrite or choose another --output")
-    loaded = load(checkpoint, "cpu")
-    if fmt == "hf":
-        from transformer.decoding.hf_export import check_exportable, write_hf
-
-        check_exportable(loaded.cfg)
-        with atomic_dir(out, ours=()) as tmp:
-            write_hf(loaded, tmp)
-        return out
-    spec = ctranslate2_spec(loaded)
-    with atomic_dir(out, ours=()) as tmp:
-        spec.save(str(tmp))
-    return out

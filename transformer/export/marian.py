@@ -19,8 +19,8 @@ from torch import Tensor
 
 from transformer.checkpoint import Loaded
 from transformer.config import Config, ModelConfig
-from transformer.decoding.model_card import model_card
 from transformer.errors import ExportError
+from transformer.export.model_card import model_card
 from transformer.text.tokenizer import Tokenizer
 
 
