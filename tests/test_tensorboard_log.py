@@ -52,8 +52,8 @@ def test_a_resume_replaces_what_a_crashed_run_logged_past_its_checkpoint(tmp_pat
     cfg = tiny_config(tmp_path, train={"save_every": 3, "eval_every": 2})
     real = train.Trainer._forecast
 
-    def crash_after_5(self):
-        if self.state.step == 5:
+    def crash_after_5(self):  # once update 6 is queued: update 5 is booked (logged) by then
+        if self.state.step == 6:
             raise RuntimeError("crash")
         real(self)
 

@@ -61,6 +61,10 @@ def test_exact_resume(tmp_path):
     a = checkpoint.load(checkpoint.step_dirs(whole.out_dir)[-1]).model.state_dict()
     b = checkpoint.load(checkpoint.step_dirs(rest.out_dir)[-1]).model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+    a, b = (checkpoint.load_trainer_state(checkpoint.step_dirs(r.out_dir)[-1])["optimizer"] for r in (whole, rest))
+    assert a["param_groups"][0]["lr"] == b["param_groups"][0]["lr"]
+    for i, state in a["state"].items():  # Adam's moments and step count, saved at step 3 and put back, went on alike
+        assert all(torch.equal(state[k], b["state"][i][k]) for k in ("step", "exp_avg", "exp_avg_sq"))
 
 
 def test_resume_of_finished_run_is_a_no_op(tmp_path):
@@ -179,11 +183,10 @@ class HandClock:
         monkeypatch.setattr(meter, "clock", lambda: self.now)
         real_update, real_validate, real_save = Updater.__call__, train.valid_metrics, train.checkpoint.save
 
-        def update(updater, *args):
+        def update(updater, work, step):  # every update here is finite: its tokens all count
             self.now += update_s
-            out = real_update(updater, *args)
-            self.tokens.append(out[2] if out else 0)
-            return out
+            self.tokens.append(work.total)
+            return real_update(updater, work, step)
 
         def validate(*args):
             self.now += valid_s

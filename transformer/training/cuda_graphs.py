@@ -1,4 +1,5 @@
-"""A micro-batch's forward, loss and backward as CUDA graphs, one per batch shape, replayed instead of launched.
+"""A micro-batch's forward, loss and backward as CUDA graphs, one per batch shape, replayed instead of launched; the
+update's tail (clipping, the finite check, Adam's step, zeroing) as one more.
 
 A training step launches about a thousand kernels, most of them short, and launched one by one from
 Python the GPU waits for the host between them. A graph records the kernels once; a replay runs them
@@ -10,7 +11,9 @@ graph's random offsets on every replay. The graphs share one memory pool, which 
 never run at once and each replay's outputs are read before the next replay is queued.
 
 A shape is run eagerly the first time it is seen (that warms up the libraries and, under
-``train.compile``, compiles it), captured the second time, and replayed from then on.
+``train.compile``, compiles it), captured the second time, and replayed from then on. The tail has
+one shape: it runs eagerly once (Adam makes its state then), is captured the second time, and then
+replayed; Adam's rate and step count live on the device for it (a rate tensor, ``capturable``).
 """
 
 from __future__ import annotations
@@ -78,3 +81,31 @@ class MicroStepGraphs:
             loss, nll = self.step(static, divisor)
         self.pool = self.pool or graph.pool()
         return _Captured(graph, static, divisor, loss, nll)
+
+
+class TailGraph:
+    """Calls ``tail()``: eagerly the first time, through its CUDA graph after that.
+
+    ``tail`` takes no arguments: it reads tensors kept in place (filled before each call) and returns one tensor,
+    which each replay overwrites (read it, or queue its copy, before the next call). Its graph has a memory pool of
+    its own: the tail works in place on the gradients and Adam's state, so the pool stays small.
+    """
+
+    def __init__(self, tail: Callable[[], Tensor], device: torch.device) -> None:
+        self.tail = tail
+        self.device = device
+        self.ran = False
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.out: Tensor | None = None
+
+    def __call__(self) -> Tensor:
+        if not self.ran:
+            self.ran = True
+            return self.tail()
+        if self.graph is None:
+            torch.cuda.synchronize(self.device)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+                self.out = self.tail()
+        self.graph.replay()
+        return self.out

@@ -43,17 +43,22 @@ class Meter:
         self.first_step = state.step + 1  # it pays for warm-up, so the forecast times the updates after it
         self.timed_from = 0.0
         self.window_tokens, self.window_start, self.window_aside = 0, clock(), self._aside_s()
+        self.window_end = self.window_start
 
     def since_start(self) -> float:
         """Seconds since the run began, the earlier parts of a resumed run included."""
         return clock() - self.start
 
-    def tick(self, tokens: int) -> None:
-        """After an update of ``tokens`` target tokens (0 if skipped): the run's elapsed time, the window's tokens."""
+    def tick(self) -> None:
+        """After an update is queued: the run's elapsed time, and the end of the throughput window so far."""
         self.state.elapsed = self.since_start()
-        self.window_tokens += tokens
+        self.window_end = clock()
         if self.state.step == self.first_step:
-            self.timed_from = clock()
+            self.timed_from = self.window_end
+
+    def book(self, tokens: int) -> None:
+        """An update's target tokens (0 if it was skipped), once the device has done it."""
+        self.window_tokens += tokens
 
     def seconds_per_update(self) -> float | None:
         """Seconds an update took over the ``TIMED_UPDATES`` after the first, once, right after them; else None."""
@@ -62,10 +67,11 @@ class Meter:
         return (clock() - self.timed_from) / TIMED_UPDATES
 
     def throughput(self) -> float:
-        """Target tokens per second of the updates since the last call, time set aside left out; starts a new window."""
-        now, aside = clock(), self._aside_s()
-        tps = self.window_tokens / max(now - self.window_start - (aside - self.window_aside), 1e-9)
-        self.window_tokens, self.window_start, self.window_aside = 0, now, aside
+        """Target tokens per second of the updates booked since the last call, over the time from then to the
+        queueing of the latest update, time set aside left out; starts a new window."""
+        aside = self._aside_s()
+        tps = self.window_tokens / max(self.window_end - self.window_start - (aside - self.window_aside), 1e-9)
+        self.window_tokens, self.window_start, self.window_aside = 0, self.window_end, aside
         return tps
 
     @contextlib.contextmanager

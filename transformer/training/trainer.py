@@ -38,10 +38,10 @@ from transformer.training.forecast import forecast
 from transformer.training.meter import Meter, clock, process_started
 from transformer.training.prefetch import ahead
 from transformer.training.run_log import open_run_log
-from transformer.training.schedule import make_optimizer
+from transformer.training.schedule import learning_rate, make_optimizer
 from transformer.training.signals import StopSignals
 from transformer.training.train_state import TrainState
-from transformer.training.update import UpdateBatches, Updated, Updater, collate_update
+from transformer.training.update import Queued, UpdateBatches, Updated, Updater, collate_update
 from transformer.training.validation import valid_metrics
 
 
@@ -157,6 +157,7 @@ class Trainer:
         self.model.load_state_dict(checkpoint.load(ckpt_dir, self.device).model.state_dict())
         saved = checkpoint.load_trainer_state(ckpt_dir)
         state = train_state.restore(saved, self.optimizer, self.scaler)
+        self.update.resume(state.bad_in_a_row)
         distributed.restore_rng(saved.get("rank_rng"), self.device, self.cfg.seed, state.step, self.log)
         self.log(f"resumed from {ckpt_dir} at step {state.step}")
         return state
@@ -174,6 +175,7 @@ class Trainer:
             unit="step",
         )
         self.meter = Meter(self.state)
+        self.queued: Queued | None = None
         self.set_up_s = clock() - self.started
         self.model.train()
         self.signals.training = True
@@ -184,29 +186,36 @@ class Trainer:
         return self._finish(reason)
 
     def _train(self) -> str:
-        """Epoch after epoch, update after update: update, log, validate, save, stop; why training stopped."""
+        """Epoch after epoch, update after update: update, log, validate, save, stop; why training stopped.
+
+        Each update is booked (its verdict, tokens and log record) once the next one is queued, so the device works
+        on one while the host books the other. The first update, and one before validating, saving or stopping,
+        is booked at once.
+        """
         t = self.cfg.train
         while self.state.epoch < t.max_epochs:
             with contextlib.closing(self._updates()) as updates:
                 for batch_in_epoch, work in updates:
-                    out = self.update(work, self.state.step + 1)
-                    self._count(out, batch_in_epoch)
-                    if self.state.bad_in_a_row >= t.max_bad_steps:
+                    queued = self.update(work, self.state.step + 1)
+                    if self._book():  # the update before ended a bad run: the device skips the one just queued
                         return "non_finite"
-                    if out is not None and self.state.step % t.log_every == 0:
-                        self._log(out)
+                    self._count(queued, batch_in_epoch)
                     self._forecast()
+                    step = self.state.step
+                    evaluate, save = step % t.eval_every == 0, step % t.save_every == 0
+                    if (evaluate or save or step == self.meter.first_step) and self._book():
+                        return "non_finite"
                     early_stop = False
-                    if self.state.step % t.eval_every == 0:
+                    if evaluate:
                         self._evaluate_and_keep_best()
                         early_stop = self.state.evals_without_gain >= t.patience
-                    if self.state.step % t.save_every == 0:
+                    if save:
                         self._save("periodic")
                     if reason := self._limit_reached() or ("early_stopping" if early_stop else None):
-                        return reason
+                        return "non_finite" if self._book() else reason
             self.state.epoch += 1
             self.state.batch_in_epoch = 0
-        return "max_epochs"
+        return "non_finite" if self._book() else "max_epochs"
 
     def _updates(self) -> Iterator[tuple[int, UpdateBatches]]:
         """The rest of the current epoch's updates, collated (ahead, with ``train.prefetch``), each with the
@@ -225,11 +234,21 @@ class Trainer:
 
         yield from ahead(collated, range(self.state.batch_in_epoch, len(batches), size), t.prefetch)
 
-    def _count(self, out: Updated | None, batch_in_epoch: int) -> None:
-        """Book an update: where the data stands, the step, the clock, and a finite or a skipped update."""
+    def _count(self, queued: Queued, batch_in_epoch: int) -> None:
+        """Count a queued update: where the data stands, the step, the clock. It is booked later (``_book``)."""
+        self.state.batch_in_epoch = batch_in_epoch
+        self.state.step += 1
+        self.queued = queued
+        self.meter.tick()
+        self.bar.update(1)
+
+    def _book(self) -> bool:
+        """Book the queued update, if there is one (waiting until the device has done it): a finite or a skipped
+        update, its tokens, its log records. True when it made ``train.max_bad_steps`` non-finite updates in a row."""
+        if self.queued is None:
+            return False
+        out, self.queued = self.queued.result(), None
         s = self.state
-        s.batch_in_epoch = batch_in_epoch
-        s.step += 1
         if out is None:
             s.skipped_steps += 1
             s.bad_in_a_row += 1
@@ -237,10 +256,12 @@ class Trainer:
             s.bad_in_a_row = 0
             s.last_finite_loss = out.loss
             s.target_tokens += out.tokens
-        self.meter.tick(0 if out is None else out.tokens)
-        self.bar.update(1)
+        self.meter.book(0 if out is None else out.tokens)
         if s.step == self.meter.first_step:
             self._log_start()
+        if out is not None and s.step % self.cfg.train.log_every == 0:
+            self._log(out)
+        return s.bad_in_a_row >= self.cfg.train.max_bad_steps
 
     def _log_start(self) -> None:
         """How long the user waited for training to get under way: from the process's start to the end of its first
@@ -254,7 +275,7 @@ class Trainer:
     def _log(self, out: Updated) -> None:
         """A log record of the update, with the throughput of the updates since the last one."""
         tps = self.meter.throughput()
-        lr = self.optimizer.param_groups[0]["lr"]
+        lr = learning_rate(self.state.step, self.cfg.train, self.cfg.model.d_model)
         self.bar.set_postfix(loss=f"{out.loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}")
         self.run_log.record(
             {
@@ -349,7 +370,7 @@ class Trainer:
         """Validate and save as the reason calls for, and say how the run ended."""
         code = 0
         if reason == "non_finite":
-            lr = self.optimizer.param_groups[0]["lr"]
+            lr = learning_rate(self.state.step, self.cfg.train, self.cfg.model.d_model)
             self.log(
                 f"stopped: {self.cfg.train.max_bad_steps} updates in a row with non-finite loss or gradients at "
                 f"step {self.state.step} (last finite loss {self.state.last_finite_loss:.4f}, lr {lr:.2e}, "

@@ -4,9 +4,17 @@ The loss is label-smoothed cross-entropy summed over the update's micro-batches 
 whole update's non-pad target tokens (every rank's, under torchrun), so the gradient does not depend
 on how the tokens were split into batches or across processes.
 
+The whole update runs on the device, its tail too: the gradient norm and the clipping, the finite
+check, Adam's step (which fused Adam skips on the device for a non-finite update, given its
+``found_inf``) and zeroing the gradients. The host waits for nothing inside an update: it is handed a
+``Queued`` update, whose figures it reads once the next update is queued, so the device never idles
+between two. Because a verdict reaches the host one update late, the device itself skips every update
+after ``train.max_bad_steps`` non-finite ones in a row: a run stopped for them keeps its weights.
+
 Two switches change how the micro-batches run on a GPU, not what they compute: ``train.compile``
 (torch.compile of each encoder and decoder layer, ``compile_layers``) and ``train.cuda_graphs`` (each batch
-shape's forward, loss and backward replayed as a CUDA graph, transformer.training.cuda_graphs).
+shape's forward, loss and backward replayed as a CUDA graph, and the tail as one more,
+transformer.training.cuda_graphs).
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from transformer.model.transformer import Transformer
 from transformer.text.batching import Batch, EncodedCorpus, collate
 from transformer.text.tokenizer import Tokenizer
 from transformer.training import distributed
-from transformer.training.cuda_graphs import MicroStepGraphs
+from transformer.training.cuda_graphs import MicroStepGraphs, TailGraph
 from transformer.training.loss import generator_loss
 from transformer.training.schedule import learning_rate
 
@@ -75,8 +83,36 @@ class Updated(NamedTuple):
     grad_norm: float
 
 
+class Queued:
+    """An update queued on the device. Its figures travel to the host behind it, and ``result`` waits for that
+    update alone: asked once the next update is queued, it keeps the device busy meanwhile."""
+
+    def __init__(self, figures: torch.Tensor, total: int) -> None:
+        self.total = total
+        self.figures, self.done = figures, None
+        if figures.is_cuda:  # into pinned memory, so that the copy waits on the device, not the host
+            self.figures = torch.empty(figures.shape, pin_memory=True).copy_(figures, non_blocking=True)
+            self.done = torch.cuda.Event()
+            self.done.record()
+
+    def result(self) -> Updated | None:
+        """What the update reports (waits until the device has done it); None if it was skipped."""
+        if self.done is not None:
+            self.done.synchronize()
+        loss, nll, grad_norm, applied = self.figures.tolist()
+        return Updated(loss, nll / self.total, self.total, grad_norm) if applied else None
+
+
+@dataclass(frozen=True)
+class Levers:
+    """How an update runs on a GPU beyond what the config switches: what tfm trains with by default, and what
+    bench.gpu_step turns off one at a time to measure each."""
+
+    tail_graph: bool = True  # under train.cuda_graphs, the update's tail replayed as a CUDA graph as well
+
+
 class Updater:
-    """Runs optimizer updates of ``model`` (through ``ddp``, its DistributedDataParallel wrapper or itself)."""
+    """Queues optimizer updates of ``model`` (through ``ddp``, its DistributedDataParallel wrapper or itself)."""
 
     def __init__(
         self,
@@ -86,6 +122,7 @@ class Updater:
         ddp: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
         scaler: torch.amp.GradScaler,
+        levers: Levers = Levers(),
     ) -> None:
         self.cfg, self.device = cfg, device
         self.model, self.ddp = model, ddp
@@ -94,6 +131,17 @@ class Updater:
         self.forward = ddp
         self.optimizer, self.scaler = optimizer, scaler
         self.graphs = MicroStepGraphs(self._graphed_step, device) if cfg.train.cuda_graphs else None
+        # fused Adam skips a step on the device; torch's per-tensor Adam only when the host tells it to
+        self.skips_on_device = bool(optimizer.defaults.get("fused"))
+        self.graphed_tail = self.graphs is not None and levers.tail_graph and self.skips_on_device
+        self.tail = TailGraph(self._tail, device) if self.graphed_tail else self._tail
+        self.sums = torch.zeros(2, device=device)  # the update's loss and nll, where the tail reads them
+        self.lr = torch.zeros((), device=device)  # the schedule's rate, filled in before each tail
+        self.bad_in_a_row = torch.zeros((), device=device)  # non-finite updates in a row, as the device counts them
+
+    def resume(self, bad_in_a_row: int) -> None:
+        """Go on from a checkpoint that counted ``bad_in_a_row`` non-finite updates in a row before it."""
+        self.bad_in_a_row.fill_(bad_in_a_row)
 
     def eager(self) -> ContextManager:
         """Run the model as plain PyTorch inside this block (validation, decoding): their shapes and modes are not
@@ -120,10 +168,10 @@ class Updater:
         loss.backward()
         return loss.detach(), nll.detach()
 
-    def __call__(self, work: UpdateBatches, step: int) -> Updated | None:
-        """Update ``step`` (from 1) over one update's batches; None if it was skipped (non-finite)."""
+    def __call__(self, work: UpdateBatches, step: int) -> Queued:
+        """Queue update ``step`` (from 1) over one update's batches."""
         world, total = distributed.world_size(), work.total
-        sums = torch.zeros(2, device=self.device)  # this rank's share of the update's loss and nll
+        self.sums.zero_()  # this rank's share of the update's loss and nll
         for k, (b, weight) in enumerate(work.batches):
             b = b.to(self.device, non_blocking=self.device.type == "cuda")
             if self.graphs is not None:  # one process, bf16 or fp32: no DDP sync, no loss scale, weight 1
@@ -133,24 +181,35 @@ class Updater:
                     loss, nll = self.micro_loss(b, total)
                     # DDP averages gradients over ranks: x world makes it their sum. A filler batch weighs 0.
                     self.scaler.scale(loss * (weight * world)).backward()
-            sums += torch.stack([loss.detach(), nll.detach()]) * weight
-        loss_total, nll_total = distributed.all_sum(sums)
-        self.scaler.unscale_(self.optimizer)
-        clip = self.cfg.train.clip_norm if self.cfg.train.clip_norm > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+            self.sums += torch.stack([loss.detach(), nll.detach()]) * weight
+        self.sums.copy_(distributed.all_sum(self.sums))
         lr = learning_rate(step, self.cfg.train, self.cfg.model.d_model)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        # The update's one host sync, a copy of four numbers: skipping a non-finite update and counting
-        # bad ones need the verdict on the host, and the logged values come along, so nothing else waits.
-        ok = torch.isfinite(grad_norm) & torch.isfinite(loss_total)
-        host = torch.stack([loss_total.float(), nll_total.float(), grad_norm.float(), ok.float()]).tolist()
-        loss_value, nll_value, norm_value, finite = host
-        if finite:
+        if self.skips_on_device:
+            self.lr.fill_(lr)
+        capturing = self.graphed_tail and self.tail.ran  # the tail's second call is its capture
+        for group in self.optimizer.param_groups:  # set every time: restoring a checkpoint replaces the groups
+            group["lr"] = self.lr if self.skips_on_device else lr
+            group["capturable"] = capturing  # Adam refuses a capture without it, and warns of it without one
+        return Queued(self.tail(), total)
+
+    def _tail(self) -> torch.Tensor:
+        """Unscale, clip, check, step and zero the gradients; [loss, nll, gradient norm before clipping, 1 if the
+        step was taken or 0 if skipped]. Reads the update's sums and rate from ``self.sums`` and ``self.lr``."""
+        t = self.cfg.train
+        self.scaler.unscale_(self.optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), t.clip_norm if t.clip_norm > 0 else float("inf")
+        )
+        bad = ~(torch.isfinite(grad_norm) & torch.isfinite(self.sums[0]))
+        skip = bad | (self.bad_in_a_row >= t.max_bad_steps)
+        self.bad_in_a_row.add_(1).mul_(skip)
+        if self.skips_on_device:
+            self.optimizer.found_inf = skip.float()  # read by fused Adam, as GradScaler hands it over
+            self.optimizer.step()
+            del self.optimizer.found_inf
+        elif not skip.item():  # the one host wait, for an optimizer that cannot skip by itself
             self.scaler.step(self.optimizer)
         self.scaler.update()
         # CUDA graphs add into the .grad tensors they captured: those must stay, zeroed.
         self.optimizer.zero_grad(set_to_none=self.graphs is None)
-        if not finite:
-            return None
-        return Updated(loss_value, nll_value / total, total, norm_value)
+        return torch.cat([self.sums, grad_norm.reshape(1).float(), (~skip).reshape(1).float()])
