@@ -106,7 +106,7 @@ def _write_chosen(source: Path, alpha: float, out: Path, why: dict) -> Path:
     loaded = checkpoint.load(source)
     cfg = dataclasses.replace(loaded.cfg, decode=dataclasses.replace(loaded.cfg.decode, alpha=alpha))
     meta = {**loaded.meta, "chosen_on_val": why}
-    return checkpoint.save(out, cfg, loaded.tokenizer, loaded.model, meta, users=True)
+    return checkpoint.save(out, cfg, loaded.tokenizer, loaded.model, meta)
 
 
 def search(

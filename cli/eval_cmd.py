@@ -8,7 +8,9 @@ import shlex
 from pathlib import Path
 
 from cli.exits import fail
-from cli.guards import check_beam, check_folder, check_input, decode_settings, write_failed
+from cli.guards import check_beam, check_folder, check_input, check_reports, decode_settings
+from transformer.errors import WriteError
+from transformer.files import write_files
 
 
 def _read(path: Path) -> list[str]:
@@ -114,8 +116,7 @@ def run_eval(
     out_dir = output_dir or path / ckpt.EVAL
     stems = [f"{name}.beam{decode.beam}" + (f".alpha{a:g}" if a is not None else "") for a in alphas]
     reports = [(out_dir / f"{stem}.hyp", out_dir / f"{stem}.json") for stem in stems]
-    if not overwrite and (there := [r for pair in reports for r in pair if r.exists()]):
-        fail(f"a report is already in {there[0]}; pass --overwrite to replace it, or --output-dir to write elsewhere")
+    check_reports([r for pair in reports for r in pair], overwrite, (*ckpt.read_files(path), src, ref))
     translator = Translator(
         loaded.model, loaded.tokenizer, decode, cfg.model.max_positions, dev, precision, cfg.data.lowercase
     )
@@ -140,15 +141,14 @@ def run_eval(
                 "command": _command(path, split, src, ref, beam, alpha, precision, data_dir),
             }
         )
+    texts = {}
+    for (hyp_file, json_file), hyps, result in zip(reports, hyps_per_alpha, results):
+        texts[hyp_file.name] = "".join(h + "\n" for h in hyps)
+        texts[json_file.name] = json.dumps(result, indent=2)
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for (hyp_file, json_file), hyps, result in zip(reports, hyps_per_alpha, results):
-            hyp_file.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-            json_file.write_text(json.dumps(result, indent=2), encoding="utf-8")
-    except OSError as e:
-        write_failed(
-            f"the report in {out_dir} (the scores above are complete; pass --output-dir to save it elsewhere)", e
-        )
+        write_files(out_dir, texts, ckpt.EVAL)
+    except WriteError as e:
+        fail(f"{e} (the scores above are complete; pass --output-dir to save the report elsewhere)")
     if len(alphas) > 1:
         top = max(results, key=lambda r: r["bleu"])
         print(f"highest BLEU on {name}: alpha {top['alpha']:g} ({top['bleu']:.2f})")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import os
 import stat
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Callable
 
@@ -13,14 +16,8 @@ import typer
 
 from cli.exits import fail
 from transformer.config import DecodeConfig, check_decode, out_of_range
-
-
-def same_file(a: Path, b: Path) -> bool:
-    """Whether two paths name one file, however spelled (links, ``./``, ``..``)."""
-    try:
-        return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
-    except OSError:
-        return False
+from transformer.files import cannot_write, check_apart
+from transformer.manifest import is_own
 
 
 def check_input(path: Path, what: str = "input file") -> None:
@@ -48,17 +45,33 @@ def _endless_device(path: Path) -> bool:
     return not terminal and real != Path("/dev/null")
 
 
-def check_output(path: Path, overwrite: bool, inputs: tuple[Path | None, ...] = (), flag: str = "--output") -> None:
-    """A file tfm may write: not one of ``inputs``, not a directory, in a folder that exists and is writable, and
-    not an existing file unless ``overwrite`` (devices such as /dev/null are written as they are)."""
-    for source in inputs:
-        if source is not None and same_file(path, source):
-            fail(f"{flag} '{path}' is the input file '{source}'; write the output to another file")
+def check_output(path: Path, overwrite: bool, inputs: Iterable[Path | None] = (), flag: str = "--output") -> None:
+    """A file tfm may write: not what the command reads (``files.check_apart``), not a directory, in a folder that
+    exists and is writable, and not an existing file unless ``overwrite`` (devices such as /dev/null are written as
+    they are)."""
+    check_apart(path, inputs, flag)
     if path.is_dir():
         fail(f"{flag} '{path}' is a directory; give a file name")
     if path.exists() and path.is_file() and not overwrite:
         fail(f"{flag} '{path}' exists; pass --overwrite to replace it, or choose another file")
     check_folder(path.parent, flag)
+
+
+def check_reports(reports: list[Path], overwrite: bool, inputs: Iterable[Path | None]) -> None:
+    """Reports ``tfm eval`` may write: none lands on what it reads, and one already there is replaced only with
+    ``overwrite`` and only if tfm wrote it (transformer.manifest)."""
+    for report in reports:
+        check_apart(report, inputs, "--output-dir")
+    if there := [r for r in reports if os.path.lexists(r)]:
+        if not overwrite:
+            fail(
+                f"a report is already in {there[0]}; pass --overwrite to replace it, or --output-dir to write elsewhere"
+            )
+        if (foreign := next((r for r in there if not is_own(r)), None)) is not None:
+            fail(
+                f"{foreign} was not written by tfm (or was changed since), so --overwrite does not replace it; "
+                "move it, or pass another --output-dir"
+            )
 
 
 def check_folder(folder: Path, flag: str) -> None:
@@ -81,10 +94,19 @@ def check_creatable(folder: Path, what: str) -> None:
         fail(f"{what} '{folder}' cannot be written: '{ancestor}' is read-only or not ours; choose another place")
 
 
-def check_stdout() -> None:
-    """Standard output is open (``>&-`` closes it, and Python then has no sys.stdout)."""
+def check_stdout(inputs: Iterable[Path | None] = ()) -> None:
+    """Standard output is open (``>&-`` closes it, and Python then has no sys.stdout) and is none of ``inputs``
+    (``>> in.de`` would grow the file as it is read)."""
     if sys.stdout is None:
         fail("standard output is closed; pass --output FILE or leave stdout open")
+    try:
+        out = os.fstat(sys.stdout.fileno())
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return  # not a file descriptor (a test's captured stream)
+    for source in inputs:
+        with contextlib.suppress(OSError):
+            if source is not None and stat.S_ISREG(out.st_mode) and os.path.samestat(out, os.stat(source)):
+                fail(f"standard output is the file '{source}', which this command reads; redirect it elsewhere")
 
 
 def check_beam(beam: int | None, vocab_size: int) -> None:
@@ -95,7 +117,7 @@ def check_beam(beam: int | None, vocab_size: int) -> None:
 
 def write_failed(path: Path | str, e: OSError) -> None:
     """One line for an output that could not be written (a full disk, a closed pipe, a read-only file system)."""
-    fail(f"cannot write {path}: {e.strerror or e}; free some space or write elsewhere")
+    fail(str(cannot_write(path, e)))
 
 
 def decode_settings(decode: DecodeConfig, **given: Any) -> DecodeConfig:

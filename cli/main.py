@@ -15,6 +15,7 @@ import typer
 
 from cli.exits import fail, user_errors
 from cli.guards import at_least_one, check_creatable, check_output, within
+from transformer.files import check_apart
 from transformer.process import configure_before_torch
 
 configure_before_torch()  # before any command loads torch
@@ -205,7 +206,9 @@ def plot(
     """Draw train/valid loss, learning rate and valid BLEU against steps from log.jsonl (needs matplotlib)."""
     with user_errors():
         if output is not None:
-            check_output(output, overwrite)
+            check_output(output, overwrite, (run / "log.jsonl",))
+        else:  # <run>/training.png, replaced only where tfm drew it (plot_training checks)
+            check_apart(run / "training.png", (run / "log.jsonl",))
         from transformer.plots import plot_training
 
         path = plot_training(run, output)
@@ -229,7 +232,6 @@ def attention(
 ) -> None:
     """Draw a heatmap of encoder-decoder attention (or --self attention) for one sentence (needs matplotlib)."""
     with user_errors():
-        check_output(output, overwrite)
         if self_ not in (None, "encoder", "decoder"):
             fail(f"--self takes encoder or decoder, not '{self_}'")
         if head != "all" and not (head.isdigit() and int(head) >= 1):
@@ -238,7 +240,9 @@ def attention(
         from transformer.decoding.attention_maps import attention_maps
         from transformer.plots import plot_attention
 
-        loaded = ckpt.load(checkpoint or ckpt.newest(runs), "cpu")
+        path = checkpoint or ckpt.newest(runs)
+        check_output(output, overwrite, ckpt.read_files(path))
+        loaded = ckpt.load(path, "cpu")
         d = loaded.cfg.decode
         maps = attention_maps(
             loaded.model,

@@ -71,13 +71,14 @@ def run_translate(
         fail("give either a sentence or --input FILE, not both")
     if input_ is not None:
         check_input(input_)
-    if output is not None:
-        check_output(output, overwrite, (input_,))
-    else:
-        check_stdout()
     dev = resolve_device(device)
     check_decoding_precision(precision, dev)
-    loaded = ckpt.load(checkpoint or ckpt.newest(runs), dev)
+    path = checkpoint or ckpt.newest(runs)
+    if output is not None:
+        check_output(output, overwrite, (input_, *ckpt.read_files(path)))
+    else:
+        check_stdout((input_, *ckpt.read_files(path)))
+    loaded = ckpt.load(path, dev)
     check_beam(beam, loaded.tokenizer.vocab_size)
     decode = decode_settings(loaded.cfg.decode, beam=beam, nbest=nbest, batch_tokens=batch_tokens, alpha=alpha)
     translator = Translator(

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from disks import mount_tmpfs, unmount
 from tiny import SAMPLE, run_trainer, tiny_config
 
 from transformer import checkpoint
@@ -108,3 +109,14 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tok = Tokenizer.train(texts, vocab_size=cfg.tokenizer.vocab_size)
     torch.manual_seed(0)
     return checkpoint.save(folder / "ck", cfg, tok, build_model(cfg.model, tok.vocab_size, tok.pad_id), {"step": 0})
+
+
+@pytest.fixture()
+def small_disk(tmp_path):
+    """A 600 KB tmpfs (as root where mounting is allowed), so that a write really runs out of space."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if not mount_tmpfs(disk, "600k"):
+        pytest.skip("cannot mount a small tmpfs here")
+    yield disk
+    unmount(disk)

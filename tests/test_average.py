@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 from typer.testing import CliRunner
 
 from cli.main import app
-from transformer import checkpoint
-from transformer.errors import CheckpointError
+from transformer import checkpoint, manifest
+from transformer.errors import CheckpointError, OutputError
 from transformer.training.average import average
 
 
@@ -41,7 +43,11 @@ def test_cli_average_then_translate(run):
     assert cli.invoke(app, ["average", str(run), "--last", "2", "--overwrite"]).exit_code == 0
     (run / "avg2" / "thesis.tex").write_text("the user's\n", encoding="utf-8")
     r = cli.invoke(app, ["average", str(run), "--last", "2", "--overwrite"])
-    assert r.exit_code == 2 and "holds thesis.tex" in r.output and (run / "avg2" / "thesis.tex").is_file()
+    assert (
+        r.exit_code == 2
+        and "thesis.tex', which tfm did not write" in r.output
+        and (run / "avg2" / "thesis.tex").is_file()
+    )
 
 
 def test_asking_for_more_checkpoints_than_kept_is_refused(run, tmp_path):
@@ -55,3 +61,30 @@ def test_asking_for_more_checkpoints_than_kept_is_refused(run, tmp_path):
 def test_the_average_never_lands_on_the_run_or_its_resumable_checkpoints(run, where):
     with pytest.raises(CheckpointError, match="would replace the run or one of its resumable checkpoints"):
         average(run, 2, run / where, overwrite=True)
+
+
+def test_the_average_never_replaces_a_trained_checkpoint_even_with_overwrite(run, tmp_path):
+    """The run's best/ (or any checkpoint tfm train wrote) is no earlier average: --overwrite does not reach it."""
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    before = (copy / "best" / checkpoint.WEIGHTS).read_bytes()
+    with pytest.raises(OutputError, match="is a checkpoint tfm wrote, not an earlier average"):
+        average(copy, 2, copy / "best", overwrite=True)
+    assert (copy / "best" / checkpoint.WEIGHTS).read_bytes() == before
+
+
+def test_a_killed_average_leaves_nothing_the_next_one_does_not_remove(run, tmp_path):
+    killed = tmp_path / ".avg2.tmp-4194305"  # what a SIGKILL leaves: its record made first, then some files
+    killed.mkdir()
+    manifest.create(killed, manifest.PARTIAL)
+    (killed / checkpoint.WEIGHTS).write_bytes(b"\0" * 100)
+    average(run, 2, tmp_path / "avg2")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["avg2"]
+
+
+def test_a_full_disk_is_one_line_that_does_not_send_the_user_to_resume(run, small_disk):
+    (small_disk / "filler").write_bytes(b"\0" * 500_000)
+    r = CliRunner().invoke(app, ["average", str(run), "--last", "2", "--output", str(small_disk / "avg2")])
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert "disk full while saving" in r.stderr and "run tfm average again" in r.stderr and "--resume" not in r.stderr
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]

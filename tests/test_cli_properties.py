@@ -20,6 +20,7 @@ from tiny import SAMPLE
 from typer.testing import CliRunner
 
 from cli.main import app
+from transformer.manifest import MANIFEST
 from transformer.training.run_dir import locked
 
 EXIT_CODES = {0, 2}
@@ -174,7 +175,7 @@ def allowed(args: list[str]) -> list[str]:
     if args[0] == "average" and "--output" not in named:
         outputs.append(f"{args[1]}/avg{named.get('--last', '5')}")
     if args[0] == "plot" and "--output" not in named:
-        outputs.append(f"{args[1]}/training.png")
+        outputs += [f"{args[1]}/training.png", f"{args[1]}/{MANIFEST}"]  # the picture, recorded as tfm's
     if args[0] == "train":
         sets = dict(args[i + 1].split("=", 1) for i in range(len(args) - 1) if args[i] == "--set")
         run_dir = sets.get("run_dir", "runs")

@@ -9,7 +9,9 @@ import sys
 import pytest
 import torch
 from tiny import ROOT, tiny_config
+from typer.testing import CliRunner
 
+from cli.main import app
 from transformer import checkpoint
 from transformer.decoding.search import greedy_search
 from transformer.errors import ExportError, OutputError
@@ -73,7 +75,7 @@ def test_export_refuses_to_overwrite_and_unknown_formats(saved, tmp_path):
         export(path, tmp_path / "ct2")
     export(path, tmp_path / "ct2", overwrite=True)  # an earlier export is replaced
     (tmp_path / "ct2" / "notes.txt").write_text("the user's\n", encoding="utf-8")
-    with pytest.raises(OutputError, match="holds notes.txt"):  # a file of the user's is never lost
+    with pytest.raises(OutputError, match="notes.txt', which tfm did not write"):  # a file of the user's is never lost
         export(path, tmp_path / "ct2", overwrite=True)
     assert (tmp_path / "ct2" / "notes.txt").is_file()
     with pytest.raises(ExportError, match="unknown export format"):
@@ -99,3 +101,38 @@ def test_tfm_export_command(saved, tmp_path):
     assert (tmp_path / "ct2" / "model.bin").is_file() and ok.stdout.strip() == str(tmp_path / "ct2")
     bad = tfm("--output", str(tmp_path / "other"), "--format", "onnx")
     assert bad.returncode == 2 and bad.stderr.startswith("error: unknown export format")
+
+
+def _export(*args: str):
+    return CliRunner().invoke(app, ["export", *args])
+
+
+def test_an_output_of_dot_a_loop_or_the_checkpoint_itself_is_one_line(saved, tmp_path, monkeypatch):
+    path, _ = saved
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.txt").write_text("mine\n")
+    monkeypatch.chdir(work)
+    r = _export("--checkpoint", str(path), "--output", ".", "--overwrite")
+    assert r.exit_code == 2 and "notes.txt', which tfm did not write" in r.stderr, r.output
+    assert "Traceback" not in r.output and (work / "notes.txt").read_text() == "mine\n"
+    monkeypatch.chdir(tmp_path)  # the folder holds the checkpoint
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    r = _export("--checkpoint", str(path), "--output", "loop1")
+    assert r.exit_code == 2 and "'loop1' is a symbolic link that loops" in r.stderr, r.output
+    r = _export("--checkpoint", str(path), "--output", str(path), "--overwrite")
+    assert r.exit_code == 2 and f"is a folder holding '{path / checkpoint.CONFIG}'" in r.stderr, r.output
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+
+@pytest.mark.parametrize("fmt", ["ctranslate2", "hf"])
+def test_a_full_disk_is_one_line_and_leaves_no_partial_export(saved, small_disk, fmt):
+    path, loaded = saved
+    if fmt == "hf" and loaded.cfg.model.norm_first:
+        pytest.skip("Marian has no pre-norm layers")
+    (small_disk / "filler").write_bytes(b"\0" * 550_000)
+    r = _export("--checkpoint", str(path), "--output", str(small_disk / "out"), "--format", fmt)
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert f"cannot write {small_disk / 'out'}: no space left on the device" in r.stderr
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]

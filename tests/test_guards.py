@@ -1,5 +1,6 @@
 """What the command line refuses before any work, and how: one line, exit 2, and the user's files untouched."""
 
+import errno
 import os
 import shutil
 import subprocess
@@ -9,9 +10,11 @@ import pytest
 from tiny import ROOT, SAMPLE
 from typer.testing import CliRunner
 
+from cli import eval_cmd
 from cli.main import app
 from transformer.config import load
 from transformer.errors import ConfigError
+from transformer.files import cannot_write
 
 
 def tfm(*args: str):
@@ -40,7 +43,7 @@ def test_the_output_may_not_be_the_input_however_spelled(tiny_checkpoint, files,
     result = tfm(
         "translate", "--checkpoint", tiny_checkpoint, "--input", src, "--output", spelling.format(d=src.parent)
     )
-    refused(result, "is the input file")
+    refused(result, "is the same file as")
     assert src.read_bytes() == before
 
 
@@ -64,7 +67,7 @@ def test_writing_to_a_full_device_and_to_a_closed_stdout_are_one_line(tiny_check
     args = [sys.executable, "-m", "cli", "translate", "Ein Hund.", "--checkpoint", str(tiny_checkpoint)]
     if os.path.exists("/dev/full"):
         full = subprocess.run([*args, "--output", "/dev/full"], env=env, capture_output=True, text=True)
-        assert full.returncode == 2 and full.stderr.startswith("error: cannot write /dev/full: No space left")
+        assert full.returncode == 2 and full.stderr.startswith("error: cannot write /dev/full: no space left")
     closed = subprocess.run(
         args, env=env, stdout=None, stderr=subprocess.PIPE, text=True, close_fds=True, preexec_fn=lambda: os.close(1)
     )
@@ -78,8 +81,11 @@ def test_too_wide_a_beam_is_refused_before_any_work(tiny_checkpoint):
     )
 
 
-def test_eval_prints_the_scores_before_a_report_that_cannot_be_written(tiny_checkpoint, tmp_path):
-    (tmp_path / "report" / "valid.de.beam1.hyp").mkdir(parents=True)  # a folder where the report's file goes
+def test_eval_prints_the_scores_before_a_report_that_cannot_be_written(tiny_checkpoint, tmp_path, monkeypatch):
+    def full(folder, texts, kind):
+        raise cannot_write(folder, OSError(errno.ENOSPC, "No space left on device"))
+
+    monkeypatch.setattr(eval_cmd, "write_files", full)
     result = tfm(
         "eval",
         "--checkpoint",
@@ -144,3 +150,86 @@ def test_a_decode_flag_meets_the_range_its_config_key_declares(tmp_path, flag, k
     config.write_text(f"{section}:\n  {name}: {good}\n", encoding="utf-8")
     load(config)
     assert "out of range" not in tfm("translate", "x", flag, good, "--runs", tmp_path / "none").stderr
+
+
+@pytest.fixture
+def copied(tiny_run, tmp_path):
+    """A copy of the tiny finished run, to point outputs at."""
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run.run_dir, run)
+    return run
+
+
+@pytest.mark.parametrize("command", ["translate", "attention"])
+@pytest.mark.parametrize("spelling", ["file", "hardlink", "symlink"])
+def test_overwrite_never_reaches_the_checkpoint_being_read(copied, tmp_path, command, spelling):
+    weights = copied / "best" / "model.safetensors"
+    output = {"file": weights, "hardlink": tmp_path / "hard.png", "symlink": tmp_path / "link.png"}[spelling]
+    if spelling == "hardlink":
+        os.link(weights, output)
+    if spelling == "symlink":
+        output.symlink_to(weights)
+    before = weights.read_bytes()
+    text = ["Ein Hund läuft."] if command == "attention" else ["Ein Hund läuft.", "--device", "cpu"]
+    result = tfm(command, *text, "--checkpoint", copied / "best", "--output", output, "--overwrite")
+    refused(result, f"is the same file as '{weights}', which this command reads")
+    assert weights.read_bytes() == before
+
+
+def test_plot_never_replaces_the_log_it_draws(copied):
+    log = copied / "log.jsonl"
+    before = log.read_bytes()
+    refused(tfm("plot", copied, "--output", log, "--overwrite"), f"is the same file as '{log}'")
+    assert log.read_bytes() == before
+
+
+def test_plot_replaces_its_own_picture_only(copied):
+    pytest.importorskip("matplotlib")
+    assert tfm("plot", copied).exit_code == 0 and tfm("plot", copied).exit_code == 0  # its own: drawn again
+    (copied / "training.png").write_bytes(b"my own picture")
+    refused(tfm("plot", copied), "was not drawn by tfm")
+    assert (copied / "training.png").read_bytes() == b"my own picture"
+
+
+def test_the_standard_input_is_never_an_output(tiny_checkpoint, tmp_path):
+    """`cat in.de | tfm translate --output /dev/stdin --overwrite` would write into the pipe it reads; `tfm translate
+    --input in.de >> in.de` would grow the file as it reads it."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = [sys.executable, "-m", "cli", "translate", "--checkpoint", str(tiny_checkpoint), "--device", "cpu"]
+    piped = subprocess.run(
+        [*args, "--output", "/dev/stdin", "--overwrite"],
+        input="Ein Hund.\n",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert piped.returncode == 2 and "'/dev/stdin' is the same file as '/dev/stdin'" in piped.stderr, piped.stderr
+    source = tmp_path / "in.de"
+    source.write_text("Ein Hund.\n", encoding="utf-8")
+    with open(source, "a") as out:
+        appended = subprocess.run(
+            [*args, "--input", str(source)], stdout=out, stderr=subprocess.PIPE, env=env, text=True, timeout=120
+        )
+    assert appended.returncode == 2 and f"standard output is the file '{source}'" in appended.stderr
+    assert source.read_text(encoding="utf-8") == "Ein Hund.\n"
+
+
+def test_eval_never_writes_a_report_onto_what_it_reads_nor_replaces_a_users_file(tiny_checkpoint, tmp_path):
+    report = tmp_path / "valid.de.beam1.hyp"
+    args = ["eval", "--checkpoint", tiny_checkpoint, "--beam", "1", "--device", "cpu", "--output-dir", tmp_path]
+    os.link(SAMPLE / "valid.en", tmp_path / "ref.en")
+    os.symlink(tmp_path / "ref.en", report)
+    refused(
+        tfm(*args, "--src", SAMPLE / "valid.de", "--ref", tmp_path / "ref.en", "--overwrite"),
+        "which this command reads",
+    )
+    report.unlink()
+    report.write_text("my own hypotheses\n", encoding="utf-8")
+    refused(
+        tfm(*args, "--src", SAMPLE / "valid.de", "--ref", SAMPLE / "valid.en", "--overwrite"), "was not written by tfm"
+    )
+    assert report.read_text(encoding="utf-8") == "my own hypotheses\n"
+    report.unlink()
+    assert tfm(*args, "--src", SAMPLE / "valid.de", "--ref", SAMPLE / "valid.en").exit_code == 0
+    assert tfm(*args, "--src", SAMPLE / "valid.de", "--ref", SAMPLE / "valid.en", "--overwrite").exit_code == 0

@@ -122,7 +122,7 @@ def test_cli_attention_and_plot(ckpt, tmp_path):
 def test_a_picture_that_cannot_be_written_is_one_line(ckpt):
     r = CliRunner().invoke(app, ["attention", SENTENCE, "--checkpoint", str(ckpt), "--output", "/dev/full"])
     assert r.exit_code == 2, r.output
-    assert r.output.strip().splitlines()[-1].startswith("error: No space left on device: '/dev/full'")
+    assert r.output.strip().splitlines()[-1].startswith("error: cannot write /dev/full: no space left")
 
 
 def test_missing_matplotlib_is_one_clear_error(ckpt, tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ from cli_helpers import last_step, run_of, train
 from safetensors.torch import save_model
 from tiny import run_trainer, step_of, tiny_config
 
-from transformer import checkpoint, config
+from transformer import checkpoint, config, manifest
 from transformer.errors import TrainError
 from transformer.training import run_dir
 
@@ -39,12 +39,72 @@ def test_a_folder_of_the_users_is_never_emptied(tmp_path, overwrite):
 def test_overwrite_removes_what_tfm_wrote_and_keeps_the_folder(tmp_path):
     cfg = tiny_config(tmp_path, train={"max_steps": 3})
     run_trainer(cfg)
-    (cfg.out_dir / ".best.tmp-999").mkdir()  # what a killed save leaves
+    (cfg.out_dir / ".best.tmp-999").mkdir()  # what a killed save leaves: a folder holding tfm's record from the start
+    manifest.create(cfg.out_dir / ".best.tmp-999", manifest.PARTIAL)
     (cfg.out_dir / "avg2").mkdir()
     inode = cfg.out_dir.stat().st_ino
     assert run_trainer(cfg, overwrite=True).state.step == 3
     assert cfg.out_dir.stat().st_ino == inode
     assert not (cfg.out_dir / "avg2").exists() and not (cfg.out_dir / ".best.tmp-999").exists()
+
+
+USERS_FILES = ["checkpoints/notes.txt", "best/notes.txt", "tensorboard/notes.txt", "checkpoints/step_3/notes.txt"]
+
+
+@pytest.mark.parametrize("where", [*USERS_FILES, "config.yaml"])
+def test_overwrite_refuses_a_run_holding_a_users_file_at_any_depth_and_changes_nothing(tmp_path, where):
+    """A note left in a checkpoint, in TensorBoard's folder, or a config.yaml the user edited: --overwrite names it
+    and deletes nothing."""
+    cfg = tiny_config(tmp_path, train={"max_steps": 3})
+    run_trainer(cfg)
+    mine = cfg.out_dir / where
+    mine.parent.mkdir(exist_ok=True)
+    mine.write_text("# my own notes\n" + (mine.read_text() if mine.exists() else ""))
+    before = sorted(p.relative_to(cfg.out_dir) for p in cfg.out_dir.rglob("*"))
+    with pytest.raises(TrainError, match=f"holds {mine}, which tfm did not write"):
+        run_trainer(cfg, overwrite=True)
+    assert sorted(p.relative_to(cfg.out_dir) for p in cfg.out_dir.rglob("*")) == before
+    assert mine.read_text().startswith("# my own notes\n")
+
+
+@pytest.mark.parametrize("where", USERS_FILES)
+def test_starting_afresh_refuses_a_users_file_inside_the_run_directory(tmp_path, where):
+    """No checkpoint yet (a folder made by hand, or a start that was interrupted): starting afresh would wipe the
+    run directory, so a file of the user's anywhere in it is refused, without --overwrite."""
+    cfg = tiny_config(tmp_path, train={"max_steps": 3})
+    mine = cfg.out_dir / where
+    mine.parent.mkdir(parents=True)
+    mine.write_text("mine\n")
+    with pytest.raises(TrainError, match=f"holds {mine}, which tfm did not write"):
+        run_trainer(cfg)
+    assert mine.read_text() == "mine\n"
+
+
+def test_files_of_the_users_in_checkpoints_survive_training(tmp_path):
+    """Pruning an old step checkpoint deletes tfm's files in it and keeps the user's note where it is."""
+    cfg = tiny_config(tmp_path, train={"max_steps": 3, "save_every": 1, "keep_last": 1})
+    run_trainer(cfg)
+    (cfg.out_dir / "checkpoints" / "step_3" / "notes.txt").write_text("step 3 looked good\n")
+    run_trainer(tiny_config(tmp_path, train={"max_steps": 5, "save_every": 1, "keep_last": 1}), resume=True)
+    assert sorted(p.name for p in (cfg.out_dir / "checkpoints" / "step_3").iterdir()) == ["notes.txt"]
+    assert [p.name for p in checkpoint.step_dirs(cfg.out_dir)] == ["step_5"]
+
+
+def test_a_run_written_before_tfm_recorded_its_files_resumes_and_is_never_wiped(tmp_path):
+    cfg = tiny_config(tmp_path, train={"max_steps": 3, "save_every": 3})
+    run_trainer(cfg)
+    for record in cfg.out_dir.rglob(manifest.MANIFEST):
+        record.unlink()
+    assert run_trainer(tiny_config(tmp_path, train={"max_steps": 6, "save_every": 3}), resume=True).state.step == 6
+    with pytest.raises(TrainError, match="or an earlier tfm wrote without recording it"):
+        run_trainer(cfg, overwrite=True)
+
+
+def test_a_start_refused_before_its_first_checkpoint_leaves_no_run_directory(tmp_path):
+    cfg = tiny_config(tmp_path, data={"max_len": 1})  # every pair is longer: nothing to train on
+    with pytest.raises(TrainError, match="no training pairs left"):
+        run_trainer(cfg)
+    assert not cfg.out_dir.exists()
 
 
 def test_a_run_directory_in_use_is_refused_naming_the_holder(tmp_path):
@@ -124,6 +184,7 @@ def test_kill_9_then_resume_continues_from_the_last_complete_checkpoint(tmp_path
     # What a kill in the middle of a save leaves: a half-written temporary directory. Loading ignores it.
     leftover = run / "checkpoints" / f".{checkpoint.STEP_PREFIX}{n + 2}.tmp-999999"
     leftover.mkdir(exist_ok=True)
+    manifest.create(leftover, manifest.PARTIAL)
     (leftover / checkpoint.WEIGHTS).write_bytes(b"\x00" * 10)
     assert checkpoint.newest(run.parent) == last and checkpoint.step_dirs(run)[-1] == last
     checkpoint.load(last)

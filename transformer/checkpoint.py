@@ -5,7 +5,8 @@ A checkpoint directory holds ``config.yaml`` (the resolved config), ``tokenizer.
 tokenizer's fingerprint) and, for resumable checkpoints, ``trainer.pt`` (optimizer,
 schedule, scaler, RNG and data position), read back with ``torch.load(weights_only=True)``.
 Everything is written under a temporary name and renamed into place, so a crash
-or a full disk never leaves a half-written checkpoint where a good one was.
+or a full disk never leaves a half-written checkpoint where a good one was, and recorded as tfm's
+(``.tfm-files``, transformer.manifest), so that only what tfm wrote is ever deleted or replaced.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from safetensors.torch import load_model, save_model
 
 from transformer import config as config_mod
 from transformer.config import Config
-from transformer.errors import CheckpointError, ConfigError, DataError
+from transformer.errors import CheckpointError, ConfigError, DataError, WriteError
 from transformer.files import atomic_dir, remove_dir
 from transformer.model.transformer import Transformer, build_model
 from transformer.text.tokenizer import Tokenizer
@@ -38,6 +39,7 @@ CONFIG, TOKENIZER, WEIGHTS, META, TRAINER = (
 )
 STEP_PREFIX = "step_"
 EVAL = "eval"  # the folder tfm eval writes its reports into, beside a checkpoint's files
+CHECKPOINT, AVERAGE = "checkpoint", "average"  # the kinds of folder (transformer.manifest) a checkpoint is saved as
 
 
 @dataclass
@@ -75,34 +77,39 @@ def save(
     model: torch.nn.Module,
     meta: dict[str, Any],
     trainer_state: dict[str, Any] | None = None,
-    users: bool = False,
+    kind: str = CHECKPOINT,
+    retry: str = "resume with --resume (older checkpoints are intact)",
 ) -> Path:
     """Write a checkpoint directory atomically; an existing one at ``path`` is replaced once the new one is complete.
 
-    ``users``: ``path`` is a folder the user named (tfm average --output), replaced only when it holds nothing but an
-    earlier checkpoint and its eval reports (files.atomic_dir).
+    ``kind``: CHECKPOINT, a run's own (one holding files of the user's is kept whole beside it, files.atomic_dir), or
+    AVERAGE, a folder the user named (tfm average --output), replaced only when it is an earlier average. ``retry``
+    ends the message of a full disk: what to run once space is freed.
     """
     path = Path(path)
     try:
-        with atomic_dir(path, ours=(TRAINER, EVAL) if users else None) as tmp:
+        with atomic_dir(path, kind, units=(EVAL,), keep_foreign=kind == CHECKPOINT) as tmp:
             _write_files(tmp, cfg, tokenizer, model, meta, trainer_state)
-    except (OSError, SafetensorError, RuntimeError) as e:
+    except (WriteError, SafetensorError, RuntimeError) as e:
         # safetensors and torch.save report a failed write in errors of their own (torch's names no cause), so a
         # full disk is told by its errno or by the space left once the partial copy is gone
         need = sum(p.numel() * p.element_size() for p in model.state_dict().values())
         need *= 3 if trainer_state is not None else 1
-        free = shutil.disk_usage(path.parent).free
-        if getattr(e, "errno", None) == errno.ENOSPC or "No space left" in str(e) or free < need:
+        free = shutil.disk_usage(path.parent).free if path.parent.is_dir() else 0
+        if getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(e) or free < need:
             raise CheckpointError(
                 f"disk full while saving {path}: about {need:,} bytes needed, {free:,} free; "
-                "free some space (older checkpoints are intact) and resume with --resume"
+                f"free some space and {retry}"
             ) from None
-        if isinstance(e, RuntimeError):
-            raise  # not a failed write: a bug, keep its traceback
-        raise CheckpointError(
-            f"cannot write checkpoint {path}: {getattr(e, 'strerror', None) or e}; check the directory is writable"
-        ) from None
+        if isinstance(e, (WriteError, RuntimeError)):
+            raise  # a WriteError says it all; a RuntimeError that is no failed write is a bug, keep its traceback
+        raise CheckpointError(f"cannot write checkpoint {path}: {e}; check the directory is writable") from None
     return path
+
+
+def read_files(path: Path, resumable: bool = False) -> list[Path]:
+    """The files of the checkpoint ``path`` that loading it reads (with the trainer state: resuming, averaging)."""
+    return [path / name for name in (CONFIG, TOKENIZER, WEIGHTS, META, *[TRAINER] * resumable)]
 
 
 def step_dirs(run_dir: str | Path) -> list[Path]:
@@ -116,7 +123,7 @@ def step_dirs(run_dir: str | Path) -> list[Path]:
 
 def prune(run_dir: str | Path, keep_last: int) -> None:
     """Remove all but the newest ``keep_last`` step checkpoints (``files.clean_partial`` finishes a cut-short
-    removal)."""
+    removal); a file of the user's in one stays where it is."""
     for old in step_dirs(run_dir)[:-keep_last]:
         remove_dir(old)
 

@@ -1,5 +1,7 @@
 """Every error a user can fix, in one place: the CLI prints the message on one line and exits 2."""
 
+from __future__ import annotations
+
 
 class UserError(Exception):
     """A problem with the user's input, config, data or files; the message names it and the fix."""
@@ -31,6 +33,14 @@ class ExportError(UserError, RuntimeError):
 
 class OutputError(UserError):
     """An output that would replace files of the user's; the message names them and the fix."""
+
+
+class WriteError(OutputError):
+    """An output that could not be written (a full disk, a read-only place); ``errno`` says which."""
+
+    def __init__(self, message: str, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno
 
 
 class PlotError(UserError, RuntimeError):

@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from transformer import manifest
 from transformer.decoding.attention_maps import AttentionMaps
 from transformer.errors import PlotError
+from transformer.files import atomic_file, cannot_write
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -26,6 +28,7 @@ DPI = 100
 CURVES_SIZE = (1200, 360)  # pixels: loss, learning rate, validation BLEU side by side
 PANEL_SIZE = (450, 400)  # pixels per attention head
 GRID_COLUMNS = 4
+CURVES = "training.png"  # in the run directory, where ``tfm plot`` draws by default
 TWENTY = 20.0  # minutes: the budget tfm's quick comparisons use, marked on the learning curve
 
 
@@ -38,12 +41,16 @@ def _figure(pixels: tuple[int, int]) -> Figure:
 
 
 def _save(fig: Figure, output: Path) -> Path:
-    """Write the PNG; a failed write (a full disk, /dev/full) names the output, so the CLI says it in one line."""
-    output.parent.mkdir(parents=True, exist_ok=True)
+    """Write the PNG: a file aside first, then renamed into place (a device such as /dev/null as it is); a failed
+    write (a full disk, /dev/full) is one line naming the output."""
     try:
-        fig.savefig(output, format="png", dpi=DPI)
+        if output.exists() and not output.is_file():
+            fig.savefig(output, format="png", dpi=DPI)
+        else:
+            with atomic_file(output, "wb") as f:
+                fig.savefig(f, format="png", dpi=DPI)
     except OSError as e:
-        raise OSError(e.errno, e.strerror, str(output)) from None
+        raise cannot_write(output, e) from None
     return output
 
 
@@ -146,7 +153,15 @@ def plot_training(run_dir: str | Path, output: str | Path | None = None) -> Path
         ax.grid(alpha=0.3)
     fig.suptitle(run_dir.name, fontsize=10)
     fig.tight_layout()
-    return _save(fig, Path(output) if output is not None else run_dir / "training.png")
+    if output is not None:
+        return _save(fig, Path(output))
+    output = run_dir / CURVES
+    if output.exists() and not manifest.is_own(output):
+        raise PlotError(f"{output} was not drawn by tfm (or was changed since); move it, or pass --output")
+    _save(fig, output)
+    if manifest.read(run_dir) is not None:
+        manifest.record(run_dir, CURVES)
+    return output
 
 
 # ----- attention ------------------------------------------------------------------------------------------

@@ -3,15 +3,18 @@
 The paper averaged the last 5 checkpoints (written every 10 minutes) for its base models and the
 last 20 for the big ones. The mean is taken in float64, one checkpoint at a time, and written as
 an ordinary checkpoint directory (config, tokenizer, weights, meta; no trainer state), so that
-``tfm translate`` and ``tfm eval`` take it like any other.
+``tfm translate`` and ``tfm eval`` take it like any other. It replaces only an earlier average, never a trained
+checkpoint, a folder holding anything else, or what it reads.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from transformer import checkpoint
 from transformer.errors import CheckpointError
+from transformer.files import check_apart, check_replaceable, output_path
 
 
 def average(run_dir: str | Path, last: int, output: str | Path, overwrite: bool = False) -> Path:
@@ -32,9 +35,11 @@ def average(run_dir: str | Path, last: int, output: str | Path, overwrite: bool 
             f"--output '{output}' would replace the run or one of its resumable checkpoints; "
             f"write the average elsewhere, e.g. {run_dir / f'avg{last}'}"
         )
-    if output.exists() and not overwrite:
-        raise CheckpointError(f"{output} already exists; pass --overwrite to replace it or choose another --output")
     chosen = dirs[-last:]
+    check_apart(output, [f for d in chosen for f in checkpoint.read_files(d, resumable=True)], folder=True)
+    check_replaceable(output_path(output), checkpoint.AVERAGE)
+    if os.path.lexists(output) and not overwrite:
+        raise CheckpointError(f"{output} already exists; pass --overwrite to replace it or choose another --output")
     newest = checkpoint.load(chosen[-1])
     sums = {k: v.double() for k, v in newest.model.state_dict().items() if v.is_floating_point()}
     for path in chosen[:-1]:
@@ -49,4 +54,6 @@ def average(run_dir: str | Path, last: int, output: str | Path, overwrite: bool 
     state = newest.model.state_dict()
     newest.model.load_state_dict({**state, **{k: (s / last).to(state[k].dtype) for k, s in sums.items()}})
     meta = {"step": newest.meta.get("step"), "averaged": [p.name for p in chosen], "reason": "average"}
-    return checkpoint.save(output, newest.cfg, newest.tokenizer, newest.model, meta, users=True)
+    return checkpoint.save(
+        output, newest.cfg, newest.tokenizer, newest.model, meta, kind=checkpoint.AVERAGE, retry="run tfm average again"
+    )

@@ -2,9 +2,10 @@
 
 A run directory belongs to tfm only, and to one process at a time: ``locked`` holds it for the run
 (a second ``tfm train`` on it is refused, naming the holder's PID; the kernel drops the lock with the
-process, however it ends). Starting again (with --overwrite, or after a start that saved no checkpoint)
-removes what tfm writes there and nothing else, and a folder that holds anything else is refused, so
-that a name that happens to match a folder of the user's never costs them a file.
+process, however it ends). Every file tfm writes there is recorded (transformer.manifest), each checkpoint in a
+record of its own. Starting again (with --overwrite, or after a start that saved no checkpoint) removes what tfm
+wrote and nothing else: a run that holds a file tfm did not write, at any depth, is refused, naming it, so that a
+name that happens to match a folder of the user's, or a note left in a checkpoint, never costs them a file.
 
 Resuming repairs what an interrupted save left behind, takes the newest checkpoint that loads whole
 (damaged newer ones are renamed ``damaged-step_N`` and kept for inspection), and refuses a config that
@@ -16,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
@@ -26,27 +26,50 @@ try:
 except ImportError:  # Windows: no flock, so no lock
     fcntl = None
 
-from transformer import checkpoint
+from transformer import checkpoint, manifest
 from transformer.config import Config, to_dict
 from transformer.errors import CheckpointError, TrainError
-from transformer.files import clean_partial
+from transformer.files import atomic_file, clean_partial
+from transformer.manifest import LOCK
 
 # Config sections that fix what a checkpoint's weights and tokenizer mean; resume refuses changes here.
 FROZEN_SECTIONS = ("model", "tokenizer")
-# What tfm writes in a run directory: its files, checkpoint folders, averages, the learning-curve picture, the
-# TensorBoard events' folder, and the temporary names of an atomic write (``.NAME.tmp-PID``, ``.NAME.old-PID``,
-# ``.NAME.<random>``).
+# What a run directory is recorded as (transformer.manifest): its plain folders, and its sub-folders that are
+# checkpoints with manifests of their own (best, averages, step checkpoints, damaged ones set aside by --resume).
+RUN = "run"
+FOLDERS = ("checkpoints", "tensorboard")
+UNITS = ("best", r"avg\d+", r"checkpoints/step_\d+", r"checkpoints/damaged-step_\d+")
+# The names an earlier tfm, which kept no manifest, wrote in a run directory: such a run may still be resumed (its
+# files stay unrecorded, so tfm never deletes them).
 _OWN = r"(config\.yaml|tokenizer\.json|log\.jsonl|split\.json|training\.png|checkpoints|best|avg\d+|tensorboard)"
-TFM_NAMES = re.compile(rf"{_OWN}|\.{_OWN}\.(tmp-\d+|old-\d+|\w{{8}})")
-LOCK = ".lock"  # the file ``locked`` holds; it stays when a run starts again
+EARLIER_NAMES = re.compile(rf"{_OWN}|\.{_OWN}\.(tmp-\d+|old-\d+|\w{{8}})|\.lock")
 
 
 @contextlib.contextmanager
 def locked(run_dir: Path) -> Iterator[None]:
-    """Hold ``run_dir`` for this process while the block runs (making the folder if need be; a folder of the
-    user's is refused before anything is written into it)."""
+    """Hold ``run_dir`` for this process while the block runs, making it (and its record) if need be.
+
+    A folder that is no run of tfm's is refused before anything is written into it. A run directory this start
+    made is removed again if the start fails before a checkpoint: a refused start leaves nothing behind.
+    """
     _refuse_foreign(run_dir)
+    made = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
+    if manifest.read(run_dir) is None:
+        manifest.create(run_dir, RUN, FOLDERS, UNITS)
+    try:
+        with _flock(run_dir):
+            yield
+    except BaseException:
+        if made and not holds_work(run_dir) and manifest.first_foreign(run_dir) is None:
+            manifest.delete(run_dir)
+        raise
+
+
+@contextlib.contextmanager
+def _flock(run_dir: Path) -> Iterator[None]:
+    """The lock on ``run_dir/.lock``: a second ``tfm train`` on it is refused, naming the holder's PID (the kernel
+    drops the lock with the process, however it ends)."""
     if fcntl is None:
         yield
         return
@@ -77,30 +100,40 @@ def prepare(run_dir: Path, resume: bool, overwrite: bool, log: Callable[[str], N
         if not existing:
             raise TrainError(f"--resume: no checkpoint in {run_dir}/checkpoints; start without --resume")
         return newest_intact(run_dir, existing, log)
-    entries = [p for p in run_dir.iterdir() if p.name != LOCK] if run_dir.exists() else []
+    entries = [p for p in run_dir.iterdir() if p.name not in (LOCK, manifest.MANIFEST)] if run_dir.exists() else []
     if entries:
-        _refuse_foreign(run_dir)
         if not overwrite and holds_work(run_dir):
             raise TrainError(
                 f"run directory {run_dir} already exists; pass --resume to continue it, "
                 "--overwrite to start again, or --set name=<new name>"
             )
+        if (foreign := manifest.first_foreign(run_dir)) is not None:
+            raise TrainError(
+                f"run directory {run_dir} holds {foreign}, which tfm did not write (or an earlier tfm wrote without "
+                "recording it), so starting again would delete it; move it, or choose another --set name=<new name>"
+            )
         if not overwrite:
             log(f"{run_dir} holds no checkpoint (a start that was interrupted); starting afresh")
         for p in entries:
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p)
-            else:
-                p.unlink()
+            manifest.delete(p)
+        manifest.create(run_dir, RUN, FOLDERS, UNITS)
     run_dir.mkdir(parents=True, exist_ok=True)
     return None
 
 
+def write_file(run_dir: Path, name: str, text: str) -> None:
+    """Write ``run_dir/name`` atomically and record it as tfm's."""
+    with atomic_file(run_dir / name) as f:
+        f.write(text)
+    manifest.record(run_dir, name)
+
+
 def _refuse_foreign(run_dir: Path) -> None:
-    """Refuse a run directory that holds anything tfm does not write there."""
-    if not run_dir.is_dir():
+    """Refuse a folder that is no run directory: one that holds entries but no run's record (unless all it holds
+    are the names an earlier tfm wrote in a run)."""
+    if not run_dir.is_dir() or manifest.kind(run_dir) == RUN:
         return
-    if others := sorted(p.name for p in run_dir.iterdir() if p.name != LOCK and not TFM_NAMES.fullmatch(p.name)):
+    if others := sorted(p.name for p in run_dir.iterdir() if not EARLIER_NAMES.fullmatch(p.name)):
         shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
         raise TrainError(
             f"run directory {run_dir} holds files tfm did not write ({shown}), which it never deletes; "

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
+from transformer import manifest
 from transformer.training import distributed
 from transformer.training.tensorboard_log import TensorBoardLog
 
@@ -31,13 +32,16 @@ class JsonLines:
     """``log.jsonl``: one JSON object a line, appended, each line on disk once written."""
 
     def __init__(self, path: Path) -> None:
+        self.path = path
         self.file = open(path, "a", encoding="utf-8", buffering=1)  # line-buffered: each record is flushed
+        manifest.record(path.parent, path.name, grows=True)  # tfm's, as it is now and whatever it appends
 
     def write(self, entry: dict[str, Any]) -> None:
         self.file.write(json.dumps(entry) + "\n")
 
     def close(self) -> None:
         self.file.close()
+        manifest.record(self.path.parent, self.path.name, grows=True)
 
 
 class RunLog:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from transformer import manifest
 from transformer.errors import TrainError
 
 FOLDER = "tensorboard"  # in the run directory
@@ -63,10 +64,15 @@ class TensorBoardLog:
 
     def __init__(self, run_dir: Path, first_step: int, config_yaml: str) -> None:
         writer = _summary_writer()
-        self.writer = writer(str(run_dir / FOLDER), purge_step=first_step)
+        folder = run_dir / FOLDER
+        before = set(folder.iterdir()) if folder.is_dir() else set()
+        self.writer = writer(str(folder), purge_step=first_step)
+        # the event file the writer made: recorded as tfm's (transformer.manifest), as it grows
+        self.run_dir, self.files = run_dir, [f"{FOLDER}/{p.name}" for p in sorted(set(folder.iterdir()) - before)]
         # indented four spaces: TensorBoard renders text as Markdown, and this keeps the YAML as it is
         self.writer.add_text(CONFIG_TAG, "\n".join(f"    {line}" for line in config_yaml.splitlines()), first_step)
         self.writer.flush()
+        manifest.record(run_dir, *self.files, grows=True)
 
     def write(self, entry: dict[str, Any]) -> None:
         """The scalars of one log record, on disk before this returns."""
@@ -76,5 +82,6 @@ class TensorBoardLog:
         self.writer.flush()
 
     def close(self) -> None:
-        """Flush and close the event file."""
+        """Flush and close the event file, and record what it holds."""
         self.writer.close()
+        manifest.record(self.run_dir, *self.files, grows=True)

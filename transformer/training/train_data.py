@@ -11,13 +11,14 @@ import json
 from pathlib import Path
 from typing import Callable
 
-from transformer import checkpoint
+from transformer import checkpoint, manifest
 from transformer.config import Config
 from transformer.errors import TrainError
 from transformer.text.batching import EncodedCorpus, encode_corpus
 from transformer.text.corpus import Corpus, load_split
 from transformer.text.tokenizer import Tokenizer, train_tokenizer
 from transformer.training import distributed
+from transformer.training.run_dir import write_file
 
 
 def read_splits(
@@ -29,10 +30,11 @@ def read_splits(
     valid = load_split(d, d.valid_split)
     log(f"data: {len(train):,} training pairs ({train.dropped_empty} empty dropped), {len(valid):,} valid")
     if train.split_record is not None and distributed.is_main():  # data.holdout: which pairs were held out
-        (run_dir / "split.json").write_text(json.dumps(train.split_record, indent=2) + "\n", encoding="utf-8")
+        write_file(run_dir, "split.json", json.dumps(train.split_record, indent=2) + "\n")
     if tokenizer is None:
         tokenizer = train_tokenizer(cfg.tokenizer, train)
         tokenizer.save(run_dir / checkpoint.TOKENIZER)
+        manifest.record(run_dir, checkpoint.TOKENIZER)
         log(f"tokenizer: {tokenizer.vocab_size:,} BPE tokens, saved to {run_dir / checkpoint.TOKENIZER}")
     cache = Path(cfg.run_dir) / ".cache"
     train_enc = encode_corpus(train, tokenizer, d.max_len, cache)

@@ -132,7 +132,7 @@ class Trainer:
         self.update = Updater(cfg, self.device, self.model, ddp, self.optimizer, self.scaler)
         config_yaml = dump(cfg)
         if distributed.is_main():
-            (self.run_dir / checkpoint.CONFIG).write_text(config_yaml, encoding="utf-8")
+            run_dir.write_file(self.run_dir, checkpoint.CONFIG, config_yaml)
         self.state = self._restored(resume_from) if resume_from is not None else TrainState()
         if self.state.step >= t.max_steps:  # a resumed run that has nothing left to do
             self.log(f"already at max_steps ({t.max_steps}); nothing to do (raise train.max_steps to go on)")
