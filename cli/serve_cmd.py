@@ -14,10 +14,13 @@ import socket
 import sys
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cli.exits import fail
 from cli.guards import decode_settings
+
+if TYPE_CHECKING:
+    from transformer.serving.checks import Limits
 
 EXTRA = "tfm serve needs starlette and uvicorn (the serve extra); pip install starlette uvicorn"
 GRACE_S = 30  # how long requests in flight may take to finish once asked to stop
@@ -96,26 +99,21 @@ def run_serve(
         batcher = Batcher(load, max_wait_ms / 1000, limits.max_pending)
         try:
             app = create_app(served[0], batcher, limits)
-            _serve(app, sock, limits.max_connections, f"serving {served[0].path} on")
+            _serve(app, sock, limits, f"serving {served[0].path} on")
         finally:
             batcher.close()
     finally:
         sock.close()
 
 
-def _serve(app: Any, sock: socket.socket, connections: int, what: str) -> None:
-    """Run uvicorn on ``sock`` until a signal stops it; SIGTERM then exits 143 (SIGINT is Ctrl-C's
-    KeyboardInterrupt, which the command line turns into 130)."""
+def _serve(app: Any, sock: socket.socket, limits: Limits, what: str) -> None:
+    """Run uvicorn on ``sock`` until a signal stops it, its connections bounded and timed as ``limits`` say; SIGTERM
+    then exits 143 (SIGINT is Ctrl-C's KeyboardInterrupt, which the command line turns into 130)."""
     import uvicorn
 
-    config = uvicorn.Config(
-        app,
-        log_level="warning",
-        access_log=False,
-        timeout_graceful_shutdown=GRACE_S,
-        lifespan="off",
-        limit_concurrency=connections,
-    )
+    from transformer.serving.connections import server_config
+
+    config = server_config(app, limits, timeout_graceful_shutdown=GRACE_S, lifespan="off")
     host, port = sock.getsockname()[:2]
     print(f"{what} http://{host}:{port} (Ctrl-C stops)", file=sys.stderr, flush=True)
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)

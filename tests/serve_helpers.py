@@ -16,6 +16,8 @@ from urllib.parse import urlsplit
 
 from cli_helpers import Proc
 
+from transformer.serving.checks import Limits
+
 SERVING = re.compile(r"serving .* on (http://\S+) ")
 
 
@@ -58,13 +60,16 @@ def post(url: str, path: str, obj: Any) -> tuple[int, Any]:
 
 
 @contextlib.contextmanager
-def in_thread(app: Any) -> Iterator[str]:
-    """Serve ``app`` with uvicorn on 127.0.0.1 (a free port) in a thread of this process; yields its URL."""
+def in_thread(app: Any, limits: Limits | None = None) -> Iterator[str]:
+    """Serve ``app`` with uvicorn as tfm serve does (connections bounded and timed by ``limits``) on 127.0.0.1 (a free
+    port) in a thread of this process; yields its URL."""
     import uvicorn
+
+    from transformer.serving.connections import server_config
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    server = uvicorn.Server(server_config(app, limits or Limits(), lifespan="off"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:

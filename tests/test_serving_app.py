@@ -39,7 +39,7 @@ def translator(loaded) -> Translator:
 def url(loaded, translator):
     batcher = Batcher(lambda: translator, max_wait=0.005, max_pending=64)
     try:
-        with in_thread(create_app(loaded, batcher, LIMITS)) as url:
+        with in_thread(create_app(loaded, batcher, LIMITS), LIMITS) as url:
             yield url
     finally:
         batcher.close()

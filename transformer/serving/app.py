@@ -14,7 +14,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -39,17 +39,27 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
-async def _body(request: Request, limit: int) -> bytes:
-    """The request's body, refused (413) as soon as it is known to exceed ``limit`` bytes, announced or not."""
+async def _body(request: Request, limits: Limits) -> bytes:
+    """The request's body, refused (413) as soon as it is known to exceed ``max_body`` bytes, announced or not, and
+    (408) when it has not all come within ``body_timeout_s``."""
+    limit = limits.max_body
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise RequestError(413, f"the body has {int(declared):,} bytes; send at most {limit:,} per request")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise RequestError(413, f"the body has over {limit:,} bytes; send at most {limit:,} per request")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(limits.body_timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise RequestError(413, f"the body has over {limit:,} bytes; send at most {limit:,} per request")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestError(
+            408, f"the body did not arrive within {limits.body_timeout_s:g} s; send the whole request at once"
+        ) from None
+    except ClientDisconnect:
+        raise RequestError(400, "the client closed the connection before the body ended") from None
     return b"".join(chunks)
 
 
@@ -71,7 +81,7 @@ def create_app(loaded: Loaded, batcher: Batcher, limits: Limits) -> Starlette:
     pages = {path: ((STATIC / name).read_bytes(), kind) for path, (name, kind) in PAGE_FILES.items()}
 
     async def translate(request: Request) -> JSONResponse:
-        obj = read_json(await _body(request, limits.max_body))
+        obj = read_json(await _body(request, limits))
         req = check_translate(obj, limits, tokenizer, max_positions, defaults, cfg.data.lowercase)
         out = await asyncio.wrap_future(batcher.translate(req.lines, req.lengths, req.decode))
         d = req.decode
@@ -85,7 +95,7 @@ def create_app(loaded: Loaded, batcher: Batcher, limits: Limits) -> Starlette:
         )
 
     async def attention(request: Request) -> JSONResponse:
-        body = read_json(await _body(request, limits.max_body))
+        body = read_json(await _body(request, limits))
         req = check_attention(body, tokenizer, max_positions, cfg.model.N, cfg.data.lowercase)
         d = cfg.decode
 
@@ -144,7 +154,7 @@ async def _refused(request: Request, e: Exception) -> JSONResponse:
     """The one-line JSON answer to each kind of failure: the client's, the server's state's, or a bug's (500, whose
     traceback uvicorn logs: Starlette raises the exception again once the answer is sent)."""
     if isinstance(e, RequestError):
-        return _error(e.status, str(e))
+        return _error(e.status, str(e), {"Connection": "close"} if e.status == 408 else None)
     if isinstance(e, HTTPException):
         return _error(e.status_code, f"{request.method} {request.url.path}: {e.detail}; the routes are {ROUTES}")
     if isinstance(e, Busy):

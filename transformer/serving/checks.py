@@ -21,14 +21,17 @@ EXAMPLE = '{"text": ["Ein Mann fährt Fahrrad."], "beam": 5}'
 
 @dataclass(frozen=True)
 class Limits:
-    """What one request may hold (bytes, sentences, beam), how many sentences may wait and how many connections may
-    be open (uvicorn answers 503 past it): what bounds the server's memory under any load."""
+    """What one request may hold (bytes, sentences, beam), how many sentences may wait, how many connections may be
+    open and how long a client may take to send its request's headers and body (connections.py): what bounds the
+    server's memory and keeps it answering under any load."""
 
     max_body: int = 1 << 20
     max_sentences: int = 256
     max_beam: int = 16
     max_pending: int = 4096
     max_connections: int = 256
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
 
 
 class RequestError(UserError):
