@@ -1,12 +1,14 @@
-"""Turn the library's user errors into one line on stderr and exit code 2, never a traceback."""
+"""Turn the library's user errors, and the command line's own (a flag's value of the wrong type, an unknown flag or
+command), into one line on stderr and exit code 2, never a traceback or a usage box."""
 
 from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Iterator, NoReturn
+from typing import Any, Iterator, NoReturn
 
 import typer
+from typer.core import TyperGroup
 
 from transformer.errors import UserError
 
@@ -37,3 +39,29 @@ def user_errors() -> Iterator[None]:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         raise typer.Exit(130) from None
+
+
+class OneLineErrors(TyperGroup):
+    """tfm's commands, whose usage errors (``--beam abc``, ``--bogus``, ``tfm trian``) are tfm's one line."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        with _usage_errors():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: Any) -> Any:
+        with _usage_errors():
+            return super().invoke(ctx)
+
+
+@contextlib.contextmanager
+def _usage_errors() -> Iterator[None]:
+    """click's UsageError as one line; known by name, as Typer may bring its own copy of click."""
+    try:
+        yield
+    except Exception as e:
+        names = {kind.__name__ for kind in type(e).__mro__}
+        if "UsageError" not in names or "NoArgsIsHelpError" in names:  # `tfm` alone: the help, as asked
+            raise
+        message = e.format_message().rstrip(".")  # type: ignore[attr-defined]
+        ctx = getattr(e, "ctx", None)
+        fail(f"{message[:1].lower()}{message[1:]}; see {ctx.command_path if ctx else 'tfm'} --help")

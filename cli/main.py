@@ -13,7 +13,7 @@ from typing import List, Optional
 
 import typer
 
-from cli.exits import fail, user_errors
+from cli.exits import OneLineErrors, fail, user_errors
 from cli.guards import at_least_one, check_creatable, check_output, within
 from transformer.files import check_apart
 from transformer.process import configure_before_torch
@@ -22,6 +22,7 @@ configure_before_torch()  # before any command loads torch
 
 DECODING_PRECISIONS = "fp32|bf16|fp16|int8|auto (int8: CPU; auto: the fastest here, measured once)"
 app = typer.Typer(
+    cls=OneLineErrors,
     add_completion=False,
     no_args_is_help=True,
     help="Train and run the translation Transformer of 'Attention Is All You Need'.",

@@ -102,6 +102,24 @@ def test_counts_below_one_are_one_line(args, said):
     ]
 
 
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["translate", "--beam", "abc", "x"], "invalid value for '--beam'"),
+        (["translate", "x", "--alpha", "much"], "invalid value for '--alpha'"),
+        (["eval", "--bogus"], "no such option: --bogus"),
+        (["trian"], "no such command 'trian'"),
+        (["average"], "missing argument 'run'"),
+    ],
+)
+def test_a_flag_of_the_wrong_type_or_an_unknown_one_is_tfms_one_line(args, said):
+    """Typer's usage box is many lines; tfm's refusal is one, naming the flag and where the help is."""
+    r = tfm(*args)
+    assert r.returncode == 2 and r.stdout == "", r.stdout
+    [line] = r.stderr.strip().splitlines()
+    assert line.startswith(f"error: {said}") and line.endswith("--help"), line
+
+
 def test_nbest(trained):
     r = tfm("translate", "Ein Hund läuft.", "--runs", trained, "--beam", "3", "--nbest", "3")
     rows = r.stdout.splitlines()

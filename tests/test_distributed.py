@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import replace
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_helpers import last_step, run_of, train
 from events import INSTALLED, assert_events_match_log
 from tiny import ROOT, run_trainer, tiny_config
 
@@ -120,3 +122,30 @@ def test_distributed_resume_is_exact_with_dropout(tmp_path):
     _torchrun(["train", f"--config={halves}", "--quiet", "--set=train.max_steps=4"], launcher)
     _torchrun(["train", f"--config={halves}", "--quiet", "--resume"], launcher)
     assert _losses(tmp_path / "runs" / "whole") == _losses(tmp_path / "runs" / "halves")
+
+
+def test_a_signal_to_the_launcher_is_one_line_and_its_exit_code(monkeypatch, capsys):
+    """torchrun raises the SIGTERM it passed on to the workers once they have stopped: tfm says so in one line and
+    exits 143, as it does without --nproc."""
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    def stopped(args):
+        raise SignalException("Process 1 got signal: 15", sigval=signal.SIGTERM)
+
+    monkeypatch.setattr(torchrun, "run", stopped)
+    assert distributed.launch(2, ["train"]) == 143
+    assert (
+        capsys.readouterr().err == "stopped by SIGTERM: the run keeps its last checkpoint; continue it with --resume\n"
+    )
+
+
+@pytest.mark.slow
+def test_sigterm_to_tfm_train_nproc_2_saves_and_exits_143(tmp_path):
+    proc = train(tmp_path, "--nproc=2", "--set=device=cpu")
+    run = run_of(tmp_path)
+    proc.wait_for(lambda: last_step(run) >= 2, "two updates", timeout=300)
+    proc.p.send_signal(signal.SIGTERM)
+    assert proc.finish(300) == 143, proc.stderr
+    assert "Traceback" not in proc.stderr and "stopped by SIGTERM" in proc.stderr
+    assert checkpoint.step_dirs(run)

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import math
 import os
+import signal
 import sys
 from datetime import timedelta
 from typing import Any, Callable, Iterator, Sequence
@@ -226,12 +228,22 @@ def restore_rng(
 
 
 def launch(nproc: int, args: list[str]) -> int:
-    """Run ``torchrun --standalone --nproc_per_node nproc -m cli <args>`` here; the workers' exit code."""
+    """Run ``torchrun --standalone --nproc_per_node nproc -m cli <args>`` here; the workers' exit code.
+
+    A SIGTERM or Ctrl-C reaches torchrun, which passes it to the workers (each finishes its update, rank 0 saves a
+    resumable checkpoint) and raises it here once they have stopped: one line and 128 + the signal, as without
+    --nproc, instead of torchrun's traceback.
+    """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
     if launched_world() > 1:
         raise DistributedError("already running under torchrun; drop --nproc (torchrun's --nproc_per_node sets it)")
+    import torch.distributed.elastic.agent.server.api  # noqa: F401 - its logger, to quiet below
+
+    for name in [n for n in logging.root.manager.loggerDict if n.startswith("torch.distributed.elastic")]:
+        logging.getLogger(name).setLevel(logging.ERROR)  # the workers say what happens; torchrun's notes repeat it
     try:
         run(get_args_parser().parse_args(["--standalone", f"--nproc_per_node={nproc}", "-m", "cli", *args]))
     except ChildFailedError as e:
@@ -239,4 +251,8 @@ def launch(nproc: int, args: list[str]) -> int:
         code = failure.exitcode
         print(f"error: rank {failed_rank} exited with code {code}; its messages are above", file=sys.stderr)
         return 128 - code if code < 0 else code or 1
+    except SignalException as e:
+        name = signal.Signals(e.sigval).name
+        print(f"stopped by {name}: the run keeps its last checkpoint; continue it with --resume", file=sys.stderr)
+        return 128 + int(e.sigval)
     return 0
