@@ -140,9 +140,14 @@ def within(key: str) -> Callable[[typer.CallbackParam, Any], Any]:
     return check
 
 
-def at_least_one(param: typer.CallbackParam, value: int | None) -> int | None:
-    """A count on the command line that is no config value (--last, --nproc, --layer): at least 1, refused in tfm's
-    one line rather than Typer's usage box."""
-    if value is not None and value < 1:
-        fail(f"{param.opts[0]} {value} is out of range; it must be at least 1")
-    return value
+def count(high: int | Callable[[], int]) -> Callable[[typer.CallbackParam, Any], Any]:
+    """A callback for a count on the command line that is no config value (--last, --nproc, --layer): 1 to ``high``
+    (or what ``high()`` says here), refused in tfm's one line rather than Typer's usage box."""
+
+    def check(param: typer.CallbackParam, value: int | None) -> int | None:
+        top = high() if callable(high) else high
+        if value is not None and not 1 <= value <= top:
+            fail(f"{param.opts[0]} {value} is out of range; it must be 1 to {top:,}")
+        return value
+
+    return check

@@ -7,6 +7,7 @@ exits with code 2. Process-wide settings (OpenMP, threads, oneDNN's cache) come 
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -14,13 +15,20 @@ from typing import List, Optional
 import typer
 
 from cli.exits import OneLineErrors, fail, user_errors
-from cli.guards import at_least_one, check_creatable, check_output, within
+from cli.guards import check_creatable, check_output, count, within
 from transformer.files import check_apart
 from transformer.process import configure_before_torch
 
 configure_before_torch()  # before any command loads torch
 
 DECODING_PRECISIONS = "fp32|bf16|fp16|int8|auto (int8: CPU; auto: the fastest here, measured once)"
+
+
+def _cores() -> int:
+    """At most as many training processes as this machine has cores (each GPU's process needs one)."""
+    return os.cpu_count() or 1
+
+
 app = typer.Typer(
     cls=OneLineErrors,
     add_completion=False,
@@ -40,7 +48,7 @@ def train(
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar (for scripts)"),
     nproc: int = typer.Option(
-        1, "--nproc", callback=at_least_one, help="Processes on this machine, one per GPU (DDP via torchrun)"
+        1, "--nproc", callback=count(_cores), help="Processes on this machine, one per GPU (DDP via torchrun)"
     ),
 ) -> None:
     """Train a model; checkpoints go to runs/<name>/."""
@@ -185,7 +193,7 @@ def eval_(
 def average(
     run: Path = typer.Argument(..., help="Run directory, e.g. runs/base"),
     last: int = typer.Option(
-        5, "--last", callback=at_least_one, help="How many of the newest step checkpoints to average"
+        5, "--last", callback=count(1_000_000), help="How many of the newest step checkpoints to average"
     ),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Checkpoint to write (default: <run>/avg<K>)"),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --output"),
@@ -219,7 +227,7 @@ def plot(
 @app.command()
 def attention(
     sentence: str = typer.Argument(..., help="Source sentence; it is translated greedily first"),
-    layer: Optional[int] = typer.Option(None, "--layer", callback=at_least_one, help="Layer, 1..N (default: the last)"),
+    layer: Optional[int] = typer.Option(None, "--layer", callback=count(1000), help="Layer, 1..N (default: the last)"),
     head: str = typer.Option("all", "--head", help="Head, 1..h, or 'all' for a grid of every head"),
     self_: Optional[str] = typer.Option(
         None, "--self", help="encoder|decoder: self-attention instead of cross-attention"

@@ -22,6 +22,7 @@ from transformer import checkpoint, config
 from transformer.config import DataConfig
 from transformer.decoding.translator import Translator
 from transformer.text.corpus import load_split
+from transformer.training import update
 
 QUICK = ["--set", "train.max_steps=30", "--set", "train.eval_every=30", "--set", "train.save_every=30"]
 
@@ -89,17 +90,34 @@ def test_a_pipe_given_as_a_path_is_read_like_a_file(trained):
 @pytest.mark.parametrize(
     "args, said",
     [
-        (["translate", "x", "--beam", "0"], "--beam 0"),
-        (["translate", "x", "--batch-size", "0"], "--batch-tokens 0"),  # an alias is named by the option's name
-        (["average", "runs/x", "--last", "0"], "--last 0"),
-        (["eval", "--beam", "-2"], "--beam -2"),
+        (["translate", "x", "--beam", "0"], "--beam 0 is out of range; it must be 1 to 1,000"),
+        (["translate", "x", "--batch-size", "0"], "--batch-tokens 0 is out of range; it must be 1 to 1,000,000,000"),
+        (["average", "runs/x", "--last", "0"], "--last 0 is out of range; it must be 1 to 1,000,000"),
+        (["eval", "--beam", "-2"], "--beam -2 is out of range; it must be 1 to 1,000"),
+        (["translate", "x", "--alpha", "1000"], "--alpha 1000 is out of range; it must be 0 to 10"),
+        (["translate", "x", "--nbest", "10" * 20], f"--nbest {'10' * 20} is out of range; it must be 1 to 1,000"),
+        (["train", "-c", "quickstart", "--nproc", "100000"], "--nproc 100000 is out of range; it must be 1 to"),
     ],
 )
-def test_counts_below_one_are_one_line(args, said):
+def test_numbers_out_of_their_finite_range_are_one_line(args, said):
     r = tfm(*args)
-    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        f"error: {said} is out of range; it must be at least 1"
-    ]
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith(f"error: {said}")
+
+
+@pytest.mark.parametrize(
+    "sets, said",
+    [
+        (
+            ["model.d_model=1073741824", "model.h=2"],
+            "model.d_model: 1073741824 is out of range; it must be 1 to 65,536",
+        ),
+        (["model.N=1000", "model.d_model=65536", "model.d_ff=1048576"], "GiB to train, and cpu has"),
+    ],
+)
+def test_a_model_too_big_to_train_is_refused_before_anything_is_written(tmp_path, sets, said):
+    r = tfm("train", "-c", "quickstart", "--set", "device=cpu", *[a for s in sets for a in ("--set", s)], cwd=tmp_path)
+    assert r.returncode == 2 and said in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(
@@ -350,7 +368,17 @@ def test_ctrl_c_while_loading_exits_130_without_a_traceback(monkeypatch):
     assert r.exit_code == 130 and r.stderr.strip() == "interrupted"
 
 
-def test_absurd_learning_rate_ends_the_cli_run_with_exit_1_and_a_hint(tmp_path):
+def test_a_loss_gone_non_finite_ends_the_cli_run_with_exit_1_and_a_hint(tmp_path, monkeypatch):
+    """What an absurd learning rate does (one within train.peak_lr's range cannot push fp32 weights past the largest
+    float on this model, so the loss is made non-finite from the fourth update on)."""
+    real, calls = update.generator_loss, []
+
+    def diverging(*args, **kwargs):
+        loss, nll = real(*args, **kwargs)
+        calls.append(1)
+        return (loss * float("nan"), nll) if len(calls) > 3 else (loss, nll)
+
+    monkeypatch.setattr(update, "generator_loss", diverging)
     r = CliRunner().invoke(
         app,
         [
@@ -360,7 +388,6 @@ def test_absurd_learning_rate_ends_the_cli_run_with_exit_1_and_a_hint(tmp_path):
             "--quiet",
             *TINY_SETS,
             f"--set=run_dir={tmp_path}",
-            "--set=train.peak_lr=1e30",
             "--set=train.warmup=1",
             "--set=train.max_bad_steps=3",
             "--set=train.save_every=1",

@@ -4,6 +4,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -78,13 +79,21 @@ def test_unknown_key_suggests_the_right_one(tmp_path):
         ("train:\n  betas: [0.9]\n", r"train.betas must be two numbers"),
         ("data:\n  src_lang: en\n  tgt_lang: en\n", r"pick two languages"),
         ("compile: true\n", r"unknown config key 'compile'"),
-        ("seed: -1\n", r"seed: -1 is out of range; it must be 0 or more"),
+        ("seed: -1\n", r"seed: -1 is out of range; it must be 0 to 4,294,967,295"),
+        ("seed: 18446744073709551616\n", r"seed: 18446744073709551616 is out of range"),
         ("tokenizer:\n  min_frequency: -2\n", r"tokenizer.min_frequency: -2 is out of range"),
-        ("train:\n  peak_lr: .nan\n", r"train.peak_lr: nan is out of range; it must be positive"),
+        ("train:\n  peak_lr: .nan\n", r"train.peak_lr: nan is out of range; it must be above 0 and at most 10"),
+        ("train:\n  peak_lr: 1" + "0" * 400 + "\n", r"train.peak_lr: inf is out of range"),
+        ("decode:\n  alpha: 1.0e+308\n", r"decode.alpha: 1e\+308 is out of range; it must be 0 to 10"),
+        (
+            "model:\n  d_model: 1073741824\n  h: 2\n",
+            r"model.d_model: 1073741824 is out of range; it must be 1 to 65,536",
+        ),
+        ("data:\n  holdout: [1, 10000000000]\n", r"data.holdout must be \[valid_size, test_size\], both 1 to"),
         ("train:\n  peak_lr: -0.001\n", r"train.peak_lr: -0.001 is out of range"),
         ("train:\n  lr_factor: .inf\n", r"train.lr_factor: inf is out of range"),
         ("train:\n  max_minutes: -5\n", r"train.max_minutes: -5.0 is out of range"),
-        ("train:\n  eval_sentences: 0\n", r"train.eval_sentences: 0 is out of range; it must be at least 1"),
+        ("train:\n  eval_sentences: 0\n", r"train.eval_sentences: 0 is out of range; it must be 1 to 1,000,000,000"),
         ("train:\n  cuda_graphs: true\n", r"train.cuda_graphs needs train.static_shapes: true"),
         ("train:\n  prefetch: -1\n", r"train.prefetch: -1 is out of range"),
     ],
@@ -254,3 +263,35 @@ def test_tsv_columns_are_validated(columns: list[str]) -> None:
     data = {"format": "tsv", "src_lang": "en", "tgt_lang": "zh", "tsv_columns": columns}
     with pytest.raises(ConfigError, match="data.tsv_columns"):
         config.from_dict({"data": data})
+
+
+def _laughs(levels: int) -> str:
+    """Nested anchors under a known key, each level ten of the one before, the last used as model.N."""
+    rows = ["seed:", "  - &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"]
+    rows += [f"  - &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, levels)]
+    return "\n".join(rows) + f"\nmodel: {{N: *a{levels - 1}}}\n"
+
+
+@pytest.mark.parametrize(
+    "text, pattern",
+    [
+        (_laughs(5), r"aliases expand to over 10,000 values"),
+        (_laughs(12), r"aliases expand to over 10,000 values"),
+        ("seed: &a [*a]\n", r"an alias refers to itself"),
+        ("seed: " + "[" * 100_000 + "]" * 100_000 + "\n", r"values nested too deeply"),
+        ("seed: [" + "1, " * 400_000 + "1]\n", r"bytes; a config is a few kilobytes"),
+    ],
+)
+def test_yaml_that_would_grow_without_bound_is_refused_quickly_in_a_short_line(tmp_path, text, pattern):
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match=pattern) as e:
+        config.load(_write(tmp_path, text))
+    assert len(str(e.value)) < 300 and time.monotonic() - start < 10
+
+
+def test_a_value_shown_in_an_error_is_cut_short(tmp_path):
+    with pytest.raises(ConfigError, match=r"seed: expected int, got \[1, 1, .*\.\.\. \(list\)") as e:
+        config.load(_write(tmp_path, "seed: [" + "1, " * 1000 + "1]\n"))
+    assert len(str(e.value)) < 300
+    with pytest.raises(ConfigError, match="an alias refers to itself"):
+        config.from_dict({}, ["seed=&a [*a]"])

@@ -100,11 +100,18 @@ def test_a_run_written_before_tfm_recorded_its_files_resumes_and_is_never_wiped(
         run_trainer(cfg, overwrite=True)
 
 
-def test_a_start_refused_before_its_first_checkpoint_leaves_no_run_directory(tmp_path):
-    cfg = tiny_config(tmp_path, data={"max_len": 1})  # every pair is longer: nothing to train on
-    with pytest.raises(TrainError, match="no training pairs left"):
+@pytest.mark.parametrize(
+    "changes, refusal",
+    [
+        ({"data": {"max_len": 1}}, "no training pairs left"),  # every pair is longer
+        ({"train": {"batch_tokens": 1}}, r"train.batch_tokens=1 holds no training pair .* at least \d+"),
+    ],
+)
+def test_a_start_with_nothing_to_train_leaves_no_run_directory(tmp_path, changes, refusal):
+    cfg = tiny_config(tmp_path / "runs", **changes)
+    with pytest.raises(TrainError, match=refusal):
         run_trainer(cfg)
-    assert not cfg.out_dir.exists()
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [".cache"]  # the token cache, shared by runs
 
 
 def test_a_run_directory_in_use_is_refused_naming_the_holder(tmp_path):

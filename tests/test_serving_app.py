@@ -129,6 +129,9 @@ BAD = {
     "beam over the limit": (b'{"text": ["a"], "beam": 5}', 422),
     "nbest over the beam": (b'{"text": ["a"], "beam": 2, "nbest": 3}', 422),
     "alpha NaN": (b'{"text": ["a"], "alpha": NaN}', 422),
+    "alpha 1e308": (b'{"text": ["x"], "alpha": 1e308}', 422),
+    "alpha past any float": (b'{"text": ["x"], "alpha": 1' + b"0" * 400 + b"}", 422),
+    "beam past any integer type": (b'{"text": ["x"], "beam": 1' + b"0" * 400 + b"}", 422),
 }
 
 

@@ -27,6 +27,7 @@ from transformer import config as config_mod
 from transformer.config import Config
 from transformer.errors import CheckpointError, ConfigError, DataError, WriteError
 from transformer.files import atomic_dir, remove_dir
+from transformer.memory import check_fits
 from transformer.model.transformer import Transformer, build_model
 from transformer.text.tokenizer import Tokenizer
 
@@ -173,6 +174,7 @@ def load(path: str | Path, device: str | torch.device = "cpu") -> Loaded:
             f"{path / TOKENIZER} does not match the weights (fingerprint {tokenizer.fingerprint()[:12]} != recorded "
             f"{str(recorded)[:12]}); put back the tokenizer.json saved with this checkpoint"
         )
+    check_fits(cfg.model, tokenizer.vocab_size, torch.device(device), False, str(path / CONFIG))
     model = build_model(cfg.model, tokenizer.vocab_size, tokenizer.pad_id)
     try:
         missing, unexpected = load_model(model, str(path / WEIGHTS), strict=False, device=str(device))

@@ -143,47 +143,68 @@ class Config:
 
 DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?|mps")  # what device accepts, in a config file as on the command line
 
+
+def _shown(x: float) -> str:
+    return f"{x:,}" if isinstance(x, int) else f"{x:g}"
+
+
+def _span(low: float, high: float, note: str = "") -> tuple[Any, str]:
+    """A range from ``low`` to ``high``, both included."""
+    return (lambda v: low <= v <= high), f"{_shown(low)} to {_shown(high)}{note}"
+
+
+def _above(low: float, high: float, note: str = "") -> tuple[Any, str]:
+    """A range above ``low``, up to ``high`` included."""
+    return (lambda v: low < v <= high), f"above {_shown(low)} and at most {_shown(high)}{note}"
+
+
+_DROPOUT = ((lambda v: 0.0 <= v < 1.0), "in [0, 1)")
+_SEED, _COUNT, _BIG = 2**32 - 1, 10**9, 10**12
+
 # The range of every number a user can set, in a config file or (for decode values) on the command line: one table.
+# Each is finite, wide enough for any real run and narrow enough that nothing downstream overflows.
 RANGES: dict[str, tuple[Any, str]] = {
-    "seed": (lambda v: v >= 0, "0 or more"),
-    "model.N": (lambda v: v >= 1, "at least 1"),
-    "model.d_model": (lambda v: v >= 1, "at least 1"),
-    "model.d_ff": (lambda v: v >= 1, "at least 1"),
-    "model.h": (lambda v: v >= 1, "at least 1"),
-    "model.dropout": (lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
-    "model.attention_dropout": (lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
-    "model.relu_dropout": (lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
-    "model.max_positions": (lambda v: v >= 8, "at least 8"),
-    "data.max_len": (lambda v: v >= 1, "at least 1"),
-    "tokenizer.vocab_size": (lambda v: v >= 300, "at least 300 (256 bytes + specials)"),
-    "tokenizer.train_sample": (lambda v: v >= 1, "at least 1"),
-    "train.batch_tokens": (lambda v: v >= 1, "at least 1"),
-    "train.accumulate": (lambda v: v >= 1, "at least 1"),
-    "train.pad_multiple": (lambda v: v >= 1, "at least 1"),
-    "train.label_smoothing": (lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
-    "tokenizer.min_frequency": (lambda v: v >= 1, "at least 1"),
-    "train.lr_factor": (lambda v: v > 0, "positive"),
-    "train.peak_lr": (lambda v: v > 0, "positive (or null: the paper's schedule)"),
-    "train.max_minutes": (lambda v: v > 0, "positive (or null: no time limit)"),
-    "train.eval_sentences": (lambda v: v >= 1, "at least 1"),
-    "train.warmup": (lambda v: v >= 1, "at least 1"),
-    "train.eps": (lambda v: v > 0, "positive"),
-    "train.clip_norm": (lambda v: v >= 0, "0 (off) or positive"),
-    "train.max_steps": (lambda v: v >= 1, "at least 1"),
-    "train.max_epochs": (lambda v: v >= 1, "at least 1"),
-    "train.eval_every": (lambda v: v >= 1, "at least 1"),
-    "train.save_every": (lambda v: v >= 1, "at least 1"),
-    "train.keep_last": (lambda v: v >= 1, "at least 1"),
-    "train.patience": (lambda v: v >= 1, "at least 1"),
-    "train.max_bad_steps": (lambda v: v >= 1, "at least 1"),
-    "train.log_every": (lambda v: v >= 1, "at least 1"),
-    "train.prefetch": (lambda v: 0 <= v <= 64, "in [0, 64] (0: off)"),
-    "decode.beam": (lambda v: v >= 1, "at least 1"),
-    "decode.nbest": (lambda v: v >= 1, "at least 1"),
-    "decode.alpha": (lambda v: v >= 0, "0 or more"),
-    "decode.max_len_a": (lambda v: v >= 0, "0 or more"),
-    "decode.max_len_b": (lambda v: v >= 0, "0 or more"),
-    "decode.batch_tokens": (lambda v: v >= 1, "at least 1"),
+    "seed": _span(0, _SEED),
+    "model.N": _span(1, 1000),
+    "model.d_model": _span(1, 65_536),
+    "model.d_ff": _span(1, 1_048_576),
+    "model.h": _span(1, 4096),
+    "model.dropout": _DROPOUT,
+    "model.attention_dropout": _DROPOUT,
+    "model.relu_dropout": _DROPOUT,
+    "model.max_positions": _span(8, 1_048_576),
+    "data.max_len": _span(1, 1_048_576),
+    "data.split_seed": _span(0, _SEED),
+    "tokenizer.vocab_size": _span(300, 1_048_576, " (256 bytes + specials at least)"),
+    "tokenizer.train_sample": _span(1, _BIG),
+    "tokenizer.min_frequency": _span(1, _BIG),
+    "train.batch_tokens": _span(1, _COUNT),
+    "train.accumulate": _span(1, 100_000),
+    "train.pad_multiple": _span(1, 4096),
+    "train.label_smoothing": _DROPOUT,
+    "train.lr_factor": _above(0, 1000),
+    "train.peak_lr": _above(0, 10, " (or null: the paper's schedule)"),
+    "train.max_minutes": _above(0, 10**7, " (or null: no time limit)"),
+    "train.eval_sentences": _span(1, _COUNT),
+    "train.warmup": _span(1, _BIG),
+    "train.eps": _above(0, 1),
+    "train.clip_norm": _span(0, 10**6, " (0: off)"),
+    "train.weight_decay": _span(0, 10),
+    "train.max_steps": _span(1, _BIG),
+    "train.max_epochs": _span(1, _COUNT),
+    "train.eval_every": _span(1, _BIG),
+    "train.save_every": _span(1, _BIG),
+    "train.keep_last": _span(1, 10**6),
+    "train.patience": _span(1, _COUNT),
+    "train.max_bad_steps": _span(1, _COUNT),
+    "train.log_every": _span(1, _BIG),
+    "train.prefetch": _span(0, 64, " (0: off)"),
+    "decode.beam": _span(1, 1000),
+    "decode.nbest": _span(1, 1000),
+    "decode.alpha": _span(0, 10),
+    "decode.max_len_a": _span(0, 1000),
+    "decode.max_len_b": _span(0, 1_048_576),
+    "decode.batch_tokens": _span(1, _COUNT),
 }
 
 
@@ -236,6 +257,12 @@ def _get(cfg: Config, dotted: str) -> Any:
     return obj
 
 
+def _brief(value: Any, width: int = 60) -> str:
+    """``repr(value)`` cut to ``width`` characters: an error line stays one short line whatever a value holds."""
+    shown = repr(value)
+    return shown if len(shown) <= width else f"{shown[: width - 3]}..."
+
+
 def _check_type(key: str, value: Any, hint: Any) -> Any:
     """Return ``value`` coerced to ``hint`` where that is lossless, else raise ConfigError."""
     origin = typing.get_origin(hint)
@@ -247,7 +274,7 @@ def _check_type(key: str, value: Any, hint: Any) -> Any:
         return _check_type(key, value, inner[0])
     if origin is list:
         if not isinstance(value, list):
-            raise ConfigError(f"{key}: expected a list, got {value!r}; write it as [a, b, ...]")
+            raise ConfigError(f"{key}: expected a list, got {_brief(value)}; write it as [a, b, ...]")
         return [_check_type(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value)]
     if hint is bool:
         if isinstance(value, bool):
@@ -257,7 +284,7 @@ def _check_type(key: str, value: Any, hint: Any) -> Any:
             return value
     elif hint is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            return math.inf if isinstance(value, int) and abs(value) > 1e308 else float(value)  # past any float
         if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
             try:
                 return float(value)
@@ -267,7 +294,7 @@ def _check_type(key: str, value: Any, hint: Any) -> Any:
         if isinstance(value, str):
             return value
     name = getattr(hint, "__name__", str(hint))
-    raise ConfigError(f"{key}: expected {name}, got {value!r} ({type(value).__name__}); fix its value")
+    raise ConfigError(f"{key}: expected {name}, got {_brief(value)} ({type(value).__name__}); fix its value")
 
 
 def _apply(obj: Any, values: dict[str, Any], prefix: str) -> None:
@@ -284,7 +311,7 @@ def _apply(obj: Any, values: dict[str, Any], prefix: str) -> None:
         current = getattr(obj, key)
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):
-                raise ConfigError(f"{dotted}: expected a section (key: value lines), got {value!r}")
+                raise ConfigError(f"{dotted}: expected a section (key: value lines), got {_brief(value)}")
             _apply(current, value, f"{dotted}.")
         else:
             setattr(obj, key, _check_type(dotted, value, hints[key]))
@@ -308,7 +335,7 @@ def validate(cfg: Config) -> Config:
     for key in RANGES:
         value = _get(cfg, key)
         if (want := out_of_range(key, value)) is not None:
-            raise ConfigError(f"{key}: {value!r} is out of range; it must be {want}")
+            raise ConfigError(f"{key}: {_brief(value)} is out of range; it must be {want}")
     if not _PLAIN_NAME.fullmatch(cfg.name) or cfg.name in (".", ".."):
         raise ConfigError(
             f"name: '{cfg.name}' must be a plain name (letters, digits, '.', '_', '-'): the run goes to "
@@ -340,8 +367,10 @@ def validate(cfg: Config) -> Config:
             f"data.tsv_columns {cols} must name each column once, including data.src_lang "
             f"'{cfg.data.src_lang}' and data.tgt_lang '{cfg.data.tgt_lang}', e.g. [en, zh]"
         )
-    if cfg.data.holdout is not None and (len(cfg.data.holdout) != 2 or min(cfg.data.holdout) < 1):
-        raise ConfigError("data.holdout must be [valid_size, test_size], both at least 1")
+    if cfg.data.holdout is not None and (
+        len(cfg.data.holdout) != 2 or not all(1 <= n <= _COUNT for n in cfg.data.holdout)
+    ):
+        raise ConfigError(f"data.holdout must be [valid_size, test_size], both 1 to {_COUNT:,}")
     check_decode(cfg.decode)
     if len(cfg.train.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.train.betas):
         raise ConfigError(f"train.betas must be two numbers in [0, 1), got {cfg.train.betas}")
@@ -361,9 +390,11 @@ def check_decode(decode: DecodeConfig) -> DecodeConfig:
 def _parse_scalar(text: str) -> Any:
     """Read an override value the way YAML would (``3``, ``0.1``, ``true``, ``[1, 2]``, ``null``)."""
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError:
         return text
+    except RecursionError:
+        raise ConfigError(f"'{text[:40]}...' is nested too deeply; give a plain value") from None
 
 
 def overrides_to_dict(overrides: list[str]) -> dict[str, Any]:
@@ -416,11 +447,21 @@ def find(name: str | Path) -> Path:
     )
 
 
+MAX_BYTES = 1 << 20  # a config is a few kilobytes
+MAX_VALUES = 10_000  # values a config may hold once its aliases are expanded (a shipped one holds about 100)
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, except that a key given twice in one section is an error, not a silent overwrite.
+    """YAML's safe loader, except that a key given twice in one section is an error, not a silent overwrite, and
+    that aliases may not expand past MAX_VALUES values (nested anchors, "billion laughs", would otherwise grow
+    without bound as the values are read) nor refer to themselves.
 
     A merge key (``<<: *anchor``) is YAML's own: the keys it brings may be overridden by the section's own.
     """
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        _expanded(node, {}, set())
+        return super().construct_document(node)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen = set()
@@ -436,11 +477,36 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+def _expanded(node: yaml.Node, sizes: dict[int, int], open_: set[int]) -> int:
+    """How many values ``node`` holds once every alias is expanded (each shared node counted once per use, computed
+    once); past MAX_VALUES, or an alias inside itself, is a ConfigError."""
+    key = id(node)
+    if key in sizes:
+        return sizes[key]
+    if key in open_:
+        raise ConfigError(f"line {node.start_mark.line + 1}: an alias refers to itself; write the values out")
+    open_.add(key)
+    children = node.value if isinstance(node, yaml.SequenceNode) else []
+    if isinstance(node, yaml.MappingNode):
+        children = [n for pair in node.value for n in pair]
+    size = 1 + sum(_expanded(child, sizes, open_) for child in children)
+    if size > MAX_VALUES:
+        raise ConfigError(
+            f"aliases expand to over {MAX_VALUES:,} values (nested anchors, line {node.start_mark.line + 1}); "
+            "a config is plain key: value lines, write them out"
+        )
+    open_.discard(key)
+    sizes[key] = size
+    return size
+
+
 def load(path: str | Path, overrides: list[str] | None = None) -> Config:
     """Load a YAML config file (or a shipped one by name); errors name the file, and for syntax errors the line and
     column."""
     p = find(path)
     try:
+        if (size := p.stat().st_size) > MAX_BYTES:
+            raise ConfigError(f"{size:,} bytes; a config is a few kilobytes of key: value lines, give one")
         values = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
@@ -448,6 +514,8 @@ def load(path: str | Path, overrides: list[str] | None = None) -> Config:
         raise ConfigError(f"{p}: YAML syntax error at {where}: {e.problem}") from None
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise ConfigError(f"{p}: cannot read YAML ({e}); fix the file") from None
+    except RecursionError:
+        raise ConfigError(f"{p}: values nested too deeply; a config is plain key: value lines") from None
     except ConfigError as e:
         raise ConfigError(f"{p}: {e}") from None
     except OSError as e:

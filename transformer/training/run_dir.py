@@ -53,7 +53,7 @@ def locked(run_dir: Path) -> Iterator[None]:
     made is removed again if the start fails before a checkpoint: a refused start leaves nothing behind.
     """
     _refuse_foreign(run_dir)
-    made = not run_dir.exists()
+    made = [p for p in (run_dir, *run_dir.parents) if not p.exists()]  # this folder and the ones above it made here
     run_dir.mkdir(parents=True, exist_ok=True)
     if manifest.read(run_dir) is None:
         manifest.create(run_dir, RUN, FOLDERS, UNITS)
@@ -63,6 +63,9 @@ def locked(run_dir: Path) -> Iterator[None]:
     except BaseException:
         if made and not holds_work(run_dir) and manifest.first_foreign(run_dir) is None:
             manifest.delete(run_dir)
+            for parent in made[1:]:  # run_dir's own parents, if nothing else came into them (a token cache)
+                with contextlib.suppress(OSError):
+                    parent.rmdir()
         raise
 
 

@@ -11,10 +11,12 @@ import json
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
 from transformer import checkpoint, manifest
 from transformer.config import Config
 from transformer.errors import TrainError
-from transformer.text.batching import EncodedCorpus, encode_corpus
+from transformer.text.batching import EncodedCorpus, encode_corpus, padded_sizes
 from transformer.text.corpus import Corpus, load_split
 from transformer.text.tokenizer import Tokenizer, train_tokenizer
 from transformer.training import distributed
@@ -43,4 +45,10 @@ def read_splits(
         log(f"data: {train_enc.dropped_long:,} training pairs longer than data.max_len={d.max_len} dropped")
     if len(train_enc) == 0:
         raise TrainError(f"no training pairs left after filtering {train.name}; check data.path and data.max_len")
+    shortest = int(np.maximum(*padded_sizes(train_enc, cfg.train.pad_multiple)).min())
+    if shortest > cfg.train.batch_tokens:  # every pair alone exceeds the budget: no batch, nothing to train
+        raise TrainError(
+            f"train.batch_tokens={cfg.train.batch_tokens} holds no training pair (the shortest takes {shortest} "
+            f"tokens); raise train.batch_tokens to at least {shortest}"
+        )
     return tokenizer, train_enc, valid, valid_enc

@@ -29,6 +29,7 @@ from transformer import checkpoint
 from transformer.config import Config, dump
 from transformer.device import PRECISIONS, check_gpu_switches, check_precision, resolve_device, resolve_precision
 from transformer.errors import ConfigError
+from transformer.memory import check_fits
 from transformer.model.transformer import build_model
 from transformer.text.batching import make_batches
 from transformer.text.tokenizer import Tokenizer
@@ -74,6 +75,7 @@ class Trainer:
         self.started = process_started()
         self.run_dir = cfg.out_dir
         self.device = distributed.local_device(resolve_device(cfg.device))
+        check_fits(cfg.model, cfg.tokenizer.vocab_size, self.device, True, "the config's model")  # before any work
         # precision: auto becomes what this device runs best, and the run's config.yaml records it; a CPU without
         # AMX is measured, by one process only (ranks under torchrun keep fp32 rather than each choose its own)
         alone = distributed.launched_world() == 1
