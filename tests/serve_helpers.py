@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import urlsplit
 
+import torch
 from cli_helpers import Proc
 
 from transformer.serving.checks import Limits
@@ -82,6 +83,30 @@ def in_thread(app: Any, limits: Limits | None = None) -> Iterator[str]:
         server.should_exit = True
         thread.join(60)
         sock.close()
+
+
+def translator_of(loaded: Any, kind: type | None = None) -> Any:
+    """A Translator (or the subclass ``kind``) of a loaded checkpoint on the CPU, with its own decode settings."""
+    from transformer.decoding.translator import Translator
+
+    cfg = loaded.cfg
+    return (kind or Translator)(
+        loaded.model, loaded.tokenizer, cfg.decode, cfg.model.max_positions, torch.device("cpu")
+    )
+
+
+@contextlib.contextmanager
+def serving(loaded: Any, limits: Limits, translator: Any) -> Iterator[str]:
+    """tfm serve's app on ``translator`` through a Batcher, served in a thread with ``limits``; yields its URL."""
+    from transformer.serving.app import create_app
+    from transformer.serving.batcher import Batcher
+
+    batcher = Batcher(lambda: translator, max_wait=0.005, max_pending=64)
+    try:
+        with in_thread(create_app(loaded, batcher, limits), limits) as url:
+            yield url
+    finally:
+        batcher.close()
 
 
 def serve(checkpoint: Path, err: Path, *args: str) -> tuple[Proc, str]:

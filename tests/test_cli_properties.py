@@ -1,26 +1,40 @@
 """The command line under generated input: whatever paths, numbers, devices, settings and sentences a user types, `tfm`
-answers with an exit code from the documented set (0 done, 2 refused), never a traceback, and changes no file
-but the ones the command says it writes. Around the command: folders of the user's at output paths and run names,
-a run held by another process, a checkpoint whose weights hold NaN, and the full disk of /dev/full."""
+answers with an exit code from the documented set (0 done, 2 refused), never a traceback, changes no file but the
+ones the command says it writes, never changes what it reads, and leaves no temporary file. Around the command, also
+drawn: files of the user's at every depth of a run and of an earlier export, outputs spelt as inputs (the same
+path, a link, a hard link, a link that loops, /dev/stdin), a run held by another process, a checkpoint whose
+weights hold NaN, the full disk of /dev/full and a real full disk (a small tmpfs, where the test may mount one).
+
+And tfm serve under generated requests (any method, path, headers and JSON, numbers past any range) while slow
+clients stall hundreds of connections: every request gets an answer below 500, and a good one still gets 200."""
 
 from __future__ import annotations
 
 import hashlib
+import http.client
+import json
 import os
 import shutil
+import socket
 import stat
 import tempfile
 from pathlib import Path
 
+import pytest
 import torch
+from disks import mount_tmpfs, unmount
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
+from serve_helpers import post, serving, translator_of
 from tiny import SAMPLE
 from typer.testing import CliRunner
 
 from cli.main import app
+from transformer import checkpoint
+from transformer.files import atomic_dir
 from transformer.manifest import MANIFEST
+from transformer.serving.checks import Limits
 from transformer.training.run_dir import locked
 
 EXIT_CODES = {0, 2}
@@ -42,6 +56,16 @@ PATHS = [
     "/dev/zero",
     "runs/tiny/../in.de",
     "./in.de",
+    "link.de",  # a link to in.de
+    "hard.de",  # a hard link to in.de
+    "loop",  # a link to itself
+    "/dev/stdin",
+    "runs/tiny/best/model.safetensors",
+    "runs/tiny/log.jsonl",
+    "runs/tiny/best",
+    "export",  # an earlier export of runs/tiny/best
+    "full/out.en",  # on a full disk, where one can be mounted
+    "full/out_dir",
 ]
 NUMBERS = ["-1", "0", "1", "2", "5", "100000", "x"]
 ALPHAS = ["0", "0.6", "-1", "nan", "inf", "x"]
@@ -49,6 +73,17 @@ DEVICES = ["cpu", "CPU", "gpu", "cuda", "cuda:7", "meta", "auto", ""]
 PRECISIONS = ["fp32", "bf16", "fp16", "fp8", ""]
 DEVICES_NAMED = [p for p in PATHS if p.startswith("/dev/")]  # never to be replaced, whatever the command
 USERS = ["exists.en", "folder/mine.txt", "runs/thesis/ch1.tex"]  # the user's own files: never changed or deleted
+# Files of the user's inside folders tfm wrote, at every depth: some are drawn into each workspace.
+INSIDE = [
+    "runs/tiny/notes.txt",
+    "runs/tiny/checkpoints/notes.txt",
+    "runs/tiny/checkpoints/step_6/notes.txt",
+    "runs/tiny/best/notes.txt",
+    "runs/tiny/best/eval/notes.txt",
+    "runs/tiny/tensorboard/notes.txt",
+    "export/notes.txt",
+]
+READ = ["in.de", "runs/tiny/best", "runs/tiny/checkpoints", "runs/tiny/log.jsonl"]  # what commands read
 HELD = "runs/held"  # a run another tfm train holds while the command runs
 NAN = "runs/nan/best"  # a checkpoint with a NaN weight: refused by every command that loads it
 QUICK = [
@@ -70,7 +105,8 @@ def option(name: str, values: st.SearchStrategy[str]) -> st.SearchStrategy[list[
 
 
 def command() -> st.SearchStrategy[list[str]]:
-    path = st.sampled_from(PATHS)
+    path = st.sampled_from([p for p in PATHS if p != "/dev/stdin"])  # reading the test's own stdin could wait
+    out = st.sampled_from(PATHS)
     ckpt = option(
         "--checkpoint", st.sampled_from(["runs/tiny/best", "runs/tiny/checkpoints/step_6", "missing", "in.de", NAN])
     )
@@ -79,7 +115,7 @@ def command() -> st.SearchStrategy[list[str]]:
         st.just(["translate"]),
         st.one_of(st.just([]), sentences.map(lambda s: [s])),
         option("--input", path),
-        option("--output", path),
+        option("--output", out),
         option("--beam", st.sampled_from(NUMBERS)),
         option("--nbest", st.sampled_from(NUMBERS)),
         option("--batch-tokens", st.sampled_from(NUMBERS)),
@@ -94,7 +130,7 @@ def command() -> st.SearchStrategy[list[str]]:
         option("--hyp", path),
         option("--beam", st.sampled_from(NUMBERS)),
         option("--alpha", st.sampled_from(ALPHAS)),
-        option("--output-dir", path),
+        option("--output-dir", out),
         option("--data-dir", path),
         *common,
     )
@@ -102,7 +138,7 @@ def command() -> st.SearchStrategy[list[str]]:
         st.just(["average"]),
         st.sampled_from(["runs/tiny", "missing", "in.de"]).map(lambda p: [p]),
         option("--last", st.sampled_from(NUMBERS)),
-        option("--output", path),
+        option("--output", out),
         st.sampled_from([[], ["--overwrite"]]),
     )
     attention = st.tuples(
@@ -110,20 +146,20 @@ def command() -> st.SearchStrategy[list[str]]:
         sentences.map(lambda s: [s]),
         option("--layer", st.sampled_from(NUMBERS)),
         option("--head", st.sampled_from(NUMBERS + ["all"])),
-        option("--output", path),
+        option("--output", out),
         ckpt,
         st.sampled_from([[], ["--overwrite"]]),
     )
     export = st.tuples(
         st.just(["export"]),
         st.sampled_from(["runs/tiny/best", "missing", NAN]).map(lambda p: ["--checkpoint", p]),
-        st.sampled_from(PATHS).map(lambda p: ["--output", p]),
+        st.sampled_from(PATHS + [".", "full"]).map(lambda p: ["--output", p]),
         st.sampled_from([[], ["--overwrite"]]),
     )
     plot = st.tuples(
         st.just(["plot"]),
         st.sampled_from(["runs/tiny", "missing", "in.de"]).map(lambda p: [p]),
-        option("--output", path),
+        option("--output", out),
         st.sampled_from([[], ["--overwrite"]]),
     )
     settings_ = st.lists(
@@ -139,6 +175,7 @@ def command() -> st.SearchStrategy[list[str]]:
                 "name=a/b",
                 "run_dir=in.de/sub",
                 "run_dir=out_dir",
+                "run_dir=full",
                 "train.max_steps=0",
                 "train.lerning_rate=1",
                 "device=gpu",
@@ -166,10 +203,16 @@ def snapshot(root: Path) -> dict[str, str]:
     }
 
 
+def _named(args: list[str]) -> dict[str, str]:
+    return {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--")}
+
+
 def allowed(args: list[str]) -> list[str]:
-    """The paths (relative to the workspace) a command may create or change: its outputs, nothing else."""
-    named = {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--")}
+    """The paths (relative to the workspace) a command may create or change: its outputs, nothing else (an output
+    that is a link or a hard link to in.de is in.de: a user who names it with --overwrite asks for that)."""
+    named = _named(args)
     outputs = [named[k] for k in ("--output", "--output-dir") if k in named]
+    outputs += ["in.de" for o in outputs if o in ("link.de", "hard.de")]
     if args[0] == "eval" and "--output-dir" not in named:
         outputs.append(f"{named.get('--checkpoint', 'runs/tiny/best')}/eval")
     if args[0] == "average" and "--output" not in named:
@@ -185,7 +228,25 @@ def allowed(args: list[str]) -> list[str]:
     return [os.path.normpath(o) for o in outputs]
 
 
-def workspace(run: Path) -> Path:
+def reads(args: list[str]) -> list[str]:
+    """What the command reads that it must leave as it was, whatever its output (train may replace a run)."""
+    named = _named(args)
+    sources = [named[k] for k in ("--input", "--src", "--ref", "--hyp") if k in named]
+    read = ["in.de"] if any(os.path.normpath(s) in ("in.de", "link.de", "hard.de") for s in sources) else []
+    return read + (READ[1:] if args[0] != "train" else [])
+
+
+def mount_full(folder: Path) -> bool:
+    """A tmpfs at ``folder`` with a few kilobytes left, where this test may mount one; else a plain folder."""
+    folder.mkdir()
+    if not mount_tmpfs(folder, "256k"):
+        return False
+    (folder / "filler").write_bytes(b"\0" * (256 * 1024 - 8192))
+    return True
+
+
+def workspace(run: Path, inside: set[str]) -> tuple[Path, bool]:
+    """A fresh workspace around the command (and whether ``full`` is a real full disk)."""
     root = Path(tempfile.mkdtemp(prefix="tfm-cli-"))
     shutil.copytree(run, root / "runs/tiny")
     shutil.copytree(run, root / HELD)
@@ -195,15 +256,20 @@ def workspace(run: Path) -> Path:
     weights[name] = weights[name].clone().index_fill_(0, torch.tensor([0]), float("nan"))
     save_file(weights, root / NAN / "model.safetensors")
     shutil.copy(SAMPLE / "valid.de", root / "in.de")
-    for user in USERS:
+    (root / "link.de").symlink_to("in.de")
+    os.link(root / "in.de", root / "hard.de")
+    (root / "loop").symlink_to("loop")
+    with atomic_dir(root / "export", "export") as tmp:  # an earlier export, which --overwrite may replace
+        (tmp / "model.bin").write_bytes(b"an export")
+    for user in USERS + sorted(inside):
         (root / user).parent.mkdir(parents=True, exist_ok=True)
         (root / user).write_text("the user's own file\n", encoding="utf-8")
-    return root
+    return root, mount_full(root / "full")
 
 
 def loads_nan_weights(args: list[str]) -> bool:
     """Whether the command reads the NaN checkpoint's weights (eval --hyp scores a file and reads only the config)."""
-    named = {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--")}
+    named = _named(args)
     return (
         named.get("--checkpoint") == NAN
         and args[0] in ("translate", "eval", "attention", "export")
@@ -211,13 +277,37 @@ def loads_nan_weights(args: list[str]) -> bool:
     )
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(args=command())
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(args=command(), inside=st.sets(st.sampled_from(INSIDE)))
 # a folder of the user's at --output, with --overwrite: found once by chance, now tried on every run
-@example(args=["export", "--checkpoint", "runs/tiny/best", "--output", "folder", "--overwrite"])
-@example(args=["average", "runs/tiny", "--last", "1", "--output", "folder", "--overwrite"])
-def test_any_command_line_ends_in_a_documented_exit_code_and_writes_only_its_outputs(tiny_run, monkeypatch, args):
-    root = workspace(tiny_run.run_dir)
+@example(args=["export", "--checkpoint", "runs/tiny/best", "--output", "folder", "--overwrite"], inside=set())
+@example(args=["average", "runs/tiny", "--last", "1", "--output", "folder", "--overwrite"], inside=set())
+# the cases of issue 49, each tried on every run
+@example(
+    args=["train", "--config", "quickstart", "--quiet", *QUICK, "--set", "name=tiny", "--overwrite"], inside=set(INSIDE)
+)
+@example(args=["average", "runs/tiny", "--last", "2", "--output", "runs/tiny/best", "--overwrite"], inside=set())
+@example(
+    args=[
+        "translate",
+        "--checkpoint",
+        "runs/tiny/best",
+        "--input",
+        "in.de",
+        "--output",
+        "runs/tiny/best/model.safetensors",
+        "--overwrite",
+    ],
+    inside=set(),
+)
+@example(args=["plot", "runs/tiny", "--output", "runs/tiny/log.jsonl", "--overwrite"], inside=set())
+@example(args=["export", "--checkpoint", "runs/tiny/best", "--output", "loop"], inside=set())
+@example(args=["export", "--checkpoint", "runs/tiny/best", "--output", "full/out_dir"], inside=set())
+@example(args=["translate", "--input", "in.de", "--output", "hard.de", "--overwrite"], inside=set())
+def test_any_command_line_ends_in_a_documented_exit_code_and_writes_only_its_outputs(
+    tiny_run, monkeypatch, args, inside
+):
+    root, full = workspace(tiny_run.run_dir, inside)
     try:
         monkeypatch.chdir(root)
         before = snapshot(root)
@@ -232,10 +322,110 @@ def test_any_command_line_ends_in_a_documented_exit_code_and_writes_only_its_out
         changed = {p for p in before.keys() | after.keys() if before.get(p) != after.get(p)}
         stray = {p for p in changed if not any(p == o or p.startswith(o.rstrip("/") + "/") for o in outputs)}
         assert not stray, (args, stray)
+        read = reads(args)
+        touched = {p for p in changed if any(p == r or p.startswith(r + "/") for r in read)}
+        assert not {p for p in touched if "/eval/" not in p}, (args, touched)  # a checkpoint's eval reports may
         assert after.get("exists.en") == before["exists.en"] or "--overwrite" in args, args
-        assert all(after.get(u) == before[u] for u in USERS[1:]), args  # never, not even with --overwrite
+        assert all(after.get(u) == before[u] for u in USERS[1:] + sorted(inside)), args  # never, --overwrite or not
         assert not any(p.startswith(HELD + "/") for p in changed), args  # nor a run another process holds
         assert result.exit_code == 2 or not loads_nan_weights(args), (args, result.output)
         assert all(stat.S_ISCHR(os.stat(d).st_mode) for d in DEVICES_NAMED if os.path.exists(d)), args
+        assert not [p for p in root.rglob("*") if ".tmp-" in p.name or ".old-" in p.name], args  # nothing left aside
+        event(f"full disk mounted: {full}")
     finally:
+        if full:
+            unmount(root / "full")
         shutil.rmtree(root, ignore_errors=True)
+
+
+SERVED = Limits(max_connections=64, header_timeout_s=5.0, body_timeout_s=5.0)
+STALLS = [
+    b"",  # connected, nothing sent
+    b"P",
+    b"POST /translate HTTP/1.1\r\nHost: tfm\r\n",  # a request line and a header, then nothing
+    b"POST /translate HTTP/1.1\r\nHost: tfm\r\nContent-Length: 100\r\n\r\n" + b'{"text": [',  # part of a body
+]
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(),
+    st.sampled_from([10**400, -(10**30), 1e308, -0.0, 2**63, 17]),
+    st.text(st.characters(blacklist_categories=[]), max_size=40),  # lone surrogates included
+)
+values = st.recursive(
+    scalars,
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=6), kids, max_size=4),
+    max_leaves=10,
+)
+numbers = st.one_of(
+    st.integers(-5, 20),
+    st.integers(-5, 20),
+    st.integers(),
+    st.floats(),
+    st.sampled_from([10**400, 1e308, 2**63, 1000]),
+    values,
+)
+sentences_ = st.lists(st.text(st.characters(blacklist_categories=[]), max_size=40), max_size=4)
+requests_ = st.one_of(
+    st.fixed_dictionaries(  # POST /translate's keys
+        {"text": st.one_of(sentences_, sentences_, values)},
+        optional={"beam": numbers, "alpha": numbers, "nbest": numbers},
+    ),
+    st.fixed_dictionaries(  # POST /attention's
+        {"text": st.one_of(sentences_.map(" ".join), values)}, optional={"layer": numbers}
+    ),
+)
+
+
+def bodies() -> st.SearchStrategy[bytes]:
+    as_json = requests_.map(lambda obj: json.dumps(obj).encode("utf-8", "surrogatepass"))
+    others = values.map(lambda obj: json.dumps(obj).encode("utf-8", "surrogatepass")) | st.binary(max_size=64)
+    return st.one_of(as_json, as_json, as_json, others)
+
+
+@pytest.fixture(scope="module")
+def served(tiny_run):
+    """tfm serve's app on the tiny run's best checkpoint, in a thread, with a small connection limit."""
+    loaded = checkpoint.load(tiny_run.run_dir / "best")
+    with serving(loaded, SERVED, translator_of(loaded)) as url:
+        yield url
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    route=st.one_of(
+        st.just(("POST", "/translate")),
+        st.just(("POST", "/translate")),
+        st.just(("POST", "/attention")),
+        st.tuples(
+            st.sampled_from(["POST", "GET", "PUT", "DELETE", "HEAD", "OPTIONS"]),
+            st.sampled_from(["/translate", "/attention", "/health", "/info", "/", "/nowhere", "/%ff"]),
+        ),
+    ),
+    body=bodies(),
+    kind=st.sampled_from(["application/json", "text/plain", ""]),
+    stalled=st.sampled_from([0, 3, 80]),
+    stall=st.sampled_from(STALLS),
+)
+def test_the_server_answers_any_request_below_500_while_slow_clients_stall(served, route, body, kind, stalled, stall):
+    method, path = route
+    host, port = served.removeprefix("http://").split(":")
+    slow = []
+    try:
+        for _ in range(stalled):
+            slow.append(socket.create_connection((host, int(port))))
+            if stall:
+                slow[-1].sendall(stall)
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        conn.request(method, path, body=body, headers={"Content-Type": kind} if kind else {})
+        response = conn.getresponse()
+        answer = response.read()
+        conn.close()
+        event(f"{method} {path}: {response.status}")
+        event(f"{stalled} stalled")
+        assert response.status < 500, (method, path, body, response.status, answer)
+        assert post(served, "/translate", {"text": ["Ein Hund läuft."]})[0] == 200  # and the server goes on
+    finally:
+        for sock in slow:
+            sock.close()

@@ -11,13 +11,11 @@ import re
 
 import pytest
 import torch
-from serve_helpers import Client, call, in_thread, post
+from serve_helpers import Client, call, post, serving, translator_of
 
 from transformer import checkpoint
 from transformer.decoding.attention_maps import attention_maps
 from transformer.decoding.translator import Translator
-from transformer.serving.app import create_app
-from transformer.serving.batcher import Batcher
 from transformer.serving.checks import Limits
 
 LIMITS = Limits(max_body=4096, max_sentences=8, max_beam=4)
@@ -31,18 +29,13 @@ def loaded(tiny_run):
 
 @pytest.fixture(scope="module")
 def translator(loaded) -> Translator:
-    cfg = loaded.cfg
-    return Translator(loaded.model, loaded.tokenizer, cfg.decode, cfg.model.max_positions, torch.device("cpu"))
+    return translator_of(loaded)
 
 
 @pytest.fixture(scope="module")
 def url(loaded, translator):
-    batcher = Batcher(lambda: translator, max_wait=0.005, max_pending=64)
-    try:
-        with in_thread(create_app(loaded, batcher, LIMITS), LIMITS) as url:
-            yield url
-    finally:
-        batcher.close()
+    with serving(loaded, LIMITS, translator) as url:
+        yield url
 
 
 def still_serving(url: str) -> None:

@@ -12,13 +12,10 @@ import threading
 import time
 
 import pytest
-import torch
-from serve_helpers import Client, call, in_thread, post, serve
+from serve_helpers import Client, call, post, serve, serving, translator_of
 
 from transformer import checkpoint
 from transformer.decoding.translator import Translator
-from transformer.serving.app import create_app
-from transformer.serving.batcher import Batcher
 from transformer.serving.checks import Limits
 
 STALL = b"POST /translate HTTP/1.1\r\nHost: tfm\r\n"  # a request line and one header, then nothing
@@ -30,24 +27,10 @@ def loaded(tiny_run):
     return checkpoint.load(tiny_run.run_dir / "best")
 
 
-def translator(loaded) -> Translator:
-    cfg = loaded.cfg
-    return Translator(loaded.model, loaded.tokenizer, cfg.decode, cfg.model.max_positions, torch.device("cpu"))
-
-
-def server(loaded, limits: Limits, make=translator):
-    """The app on a Batcher, served in a thread with ``limits``; yields its URL."""
-    batcher = Batcher(lambda: make(loaded), max_wait=0.005, max_pending=64)
-    try:
-        with in_thread(create_app(loaded, batcher, limits), limits) as url:
-            yield url
-    finally:
-        batcher.close()
-
-
 @pytest.fixture
 def quick(loaded):
-    yield from server(loaded, QUICK)
+    with serving(loaded, QUICK, translator_of(loaded)) as url:
+        yield url
 
 
 def connect(url: str, first: bytes = b"") -> socket.socket:
@@ -134,11 +117,7 @@ def test_only_when_every_connection_waits_on_the_model_is_a_new_one_refused(load
             gate.wait(30)
             return super().translate_chunk(lines, first_line_no)
 
-    def make(loaded):
-        cfg = loaded.cfg
-        return Slow(loaded.model, loaded.tokenizer, cfg.decode, cfg.model.max_positions, torch.device("cpu"))
-
-    for url in server(loaded, Limits(max_connections=2), make):
+    with serving(loaded, Limits(max_connections=2), translator_of(loaded, Slow)) as url:
         answers = []
 
         def ask(text: str) -> None:
