@@ -16,7 +16,7 @@ from transformer.text.tokenizer import train_tokenizer
 from transformer.training import update
 from transformer.training.loss import generator_loss
 from transformer.training.schedule import learning_rate, make_optimizer
-from transformer.training.update import Updater, collate_update
+from transformer.training.update import Levers, Updater, collate_update
 
 CUDA = torch.cuda.is_available()
 
@@ -32,12 +32,12 @@ def _tiny(tmp_path, **train):
     return cfg, tok, data, order
 
 
-def _updater(cfg, tok, device, fused=None):
+def _updater(cfg, tok, device, fused=None, levers=Levers()):
     """An Updater of a fresh tiny model, seeded: the same initial weights every time."""
     torch.manual_seed(0)
     model = build_model(cfg.model, tok.vocab_size, tok.pad_id).to(device).train()
     opt = make_optimizer(model, cfg.train, device, fused=fused)
-    return Updater(cfg, device, model, model, opt, torch.amp.GradScaler(device.type, enabled=False))
+    return Updater(cfg, device, model, model, opt, torch.amp.GradScaler(device.type, enabled=False), levers)
 
 
 def _updates(tmp_path, device, count, **train):
@@ -70,7 +70,8 @@ def test_compiled_step_gives_the_eager_losses_and_weights(tmp_path, monkeypatch)
 
 
 def test_one_encoder_layer_and_one_decoder_layer_are_compiled_for_all_n_and_every_shape(tmp_path, monkeypatch):
-    """Regional compilation: 3 + 3 layers and 3 batch shapes make 2 graphs; validation's eager block compiles none."""
+    """Regional compilation: 3 + 3 layers and 3 batch shapes make 2 graphs; validation's eager block compiles none.
+    (The loss, compiled apart, is left eager here: test_loss checks it.)"""
     graphs = []
 
     def counting(gm, example_inputs):
@@ -81,7 +82,7 @@ def test_one_encoder_layer_and_one_decoder_layer_are_compiled_for_all_n_and_ever
     torch._dynamo.reset()
     cfg, tok, data, order = _tiny(tmp_path, compile=True)
     cfg = replace(cfg, model=replace(cfg.model, N=3))
-    step = _updater(cfg, tok, torch.device("cpu"))
+    step = _updater(cfg, tok, torch.device("cpu"), levers=Levers(compiled_loss=False))
     shapes = set()
     for r, idx in enumerate(order):
         work = collate_update([idx], data, tok, cfg)
@@ -98,8 +99,8 @@ def test_one_encoder_layer_and_one_decoder_layer_are_compiled_for_all_n_and_ever
 
 @pytest.mark.slow
 def test_inductor_compiled_layers_give_the_eager_losses_and_gradients(tmp_path):
-    """The layers as inductor compiles them on the CPU (C++ kernels: the code path of the GPU's Triton kernels
-    before code generation) give the eager losses and gradients."""
+    """The layers and the loss as inductor compiles them on the CPU (C++ kernels: the code path of the GPU's Triton
+    kernels before code generation) give the eager losses and gradients."""
     cpu = torch.device("cpu")
     cfg, tok, data, order = _tiny(tmp_path)
     batches = [collate_update([order[r]], data, tok, cfg).batches[0][0] for r in range(2)]

@@ -12,9 +12,9 @@ between two. Because a verdict reaches the host one update late, the device itse
 after ``train.max_bad_steps`` non-finite ones in a row: a run stopped for them keeps its weights.
 
 Two switches change how the micro-batches run on a GPU, not what they compute: ``train.compile``
-(torch.compile of each encoder and decoder layer, ``compile_layers``) and ``train.cuda_graphs`` (each batch
-shape's forward, loss and backward replayed as a CUDA graph, and the tail as one more,
-transformer.training.cuda_graphs).
+(torch.compile of each encoder and decoder layer, ``compile_layers``, and of the loss over the vocabulary,
+one chunk of rows at a time) and ``train.cuda_graphs`` (each batch shape's forward, loss and backward
+replayed as a CUDA graph, and the tail as one more, transformer.training.cuda_graphs).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from transformer.text.batching import Batch, EncodedCorpus, collate
 from transformer.text.tokenizer import Tokenizer
 from transformer.training import distributed
 from transformer.training.cuda_graphs import MicroStepGraphs, TailGraph
-from transformer.training.loss import generator_loss
+from transformer.training.loss import chunk_loss, generator_loss
 from transformer.training.schedule import learning_rate
 
 COMPILE_BACKEND = "inductor"  # torch.compile's default; the CPU tests swap in "aot_eager", which compiles in seconds
@@ -108,6 +108,8 @@ class Levers:
     """How an update runs on a GPU beyond what the config switches: what tfm trains with by default, and what
     bench.gpu_step turns off one at a time to measure each."""
 
+    compiled_layers: bool = True  # under train.compile, the encoder and decoder layers compiled (compile_layers)
+    compiled_loss: bool = True  # under train.compile, the loss over the vocabulary compiled (loss.chunk_loss)
     tail_graph: bool = True  # under train.cuda_graphs, the update's tail replayed as a CUDA graph as well
 
 
@@ -126,9 +128,11 @@ class Updater:
     ) -> None:
         self.cfg, self.device = cfg, device
         self.model, self.ddp = model, ddp
-        if cfg.train.compile:
+        if cfg.train.compile and levers.compiled_layers:
             compile_layers(model)
         self.forward = ddp
+        compiled_loss = cfg.train.compile and levers.compiled_loss
+        self.chunk = torch.compile(chunk_loss, backend=COMPILE_BACKEND, dynamic=True) if compiled_loss else chunk_loss
         self.optimizer, self.scaler = optimizer, scaler
         self.graphs = MicroStepGraphs(self._graphed_step, device) if cfg.train.cuda_graphs else None
         # fused Adam skips a step on the device; torch's per-tensor Adam only when the host tells it to
@@ -158,6 +162,7 @@ class Updater:
                 batch.tgt_out,
                 self.cfg.train.label_smoothing,
                 self.model.pad_id,
+                self.chunk,
             )
         return loss_sum / total, nll_sum
 
