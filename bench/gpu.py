@@ -4,7 +4,7 @@ transformers' generate), torch.compile.
 
 Every system runs on the same GPU in the same process, in alternation (bench.common). Training
 steps are those of bench.train_speed, each ending with a synchronize; MFU is model FLOPs per
-second (bench.flops) over the bf16 (or fp32) matmul peak measured here on 8192 x 8192 operands.
+second (transformer.training.mfu) over the bf16 (or fp32) matmul peak measured here on 8192 x 8192 operands.
 
 Run: python -m bench.gpu --checkpoint runs/bench_small/best [--data DIR] [--json PATH] [--sections train,decode]
 """
@@ -23,12 +23,12 @@ from torch import nn
 
 from bench import decode_speed, train_speed
 from bench.common import DEFAULT_DATA, interleave, machine, median, paired_ratio, run_sections, shape_config
-from bench.flops import matmul_peak, train_flops
 from bench.levers import lever_row, without_with
 from transformer import checkpoint
 from transformer.text.batching import Batch, EncodedCorpus, collate, encode_corpus, make_batches
 from transformer.text.corpus import load_split
 from transformer.text.tokenizer import Tokenizer, train_tokenizer
+from transformer.training.mfu import matmul_peak, train_flops
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

@@ -34,13 +34,13 @@ from typing import Any
 import torch
 
 from bench.common import DEFAULT_DATA, ROOT, interleave, machine, median, paired_ratio, run_sections
-from bench.flops import matmul_peak
 from transformer.config import Config, load
 from transformer.device import PRECISIONS, resolve_precision
 from transformer.model.transformer import build_model
 from transformer.text.batching import EncodedCorpus, encode_corpus, make_batches
 from transformer.text.corpus import load_split
 from transformer.text.tokenizer import Tokenizer, train_tokenizer
+from transformer.training.mfu import matmul_peak
 from transformer.training.schedule import make_optimizer
 from transformer.training.update import UpdateBatches, Updater, collate_update
 

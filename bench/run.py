@@ -33,11 +33,11 @@ import torch
 
 from bench import decode_speed, levers, startup, train_speed
 from bench.common import DEFAULT_DATA, ROOT, machine, shape_config
-from bench.flops import matmul_peak
 from transformer import checkpoint
 from transformer.config import DataConfig
 from transformer.text.corpus import load_split
 from transformer.text.tokenizer import Tokenizer, train_tokenizer
+from transformer.training.mfu import matmul_peak
 
 MODEL_SECTIONS = {"decode", "int8", "startup", "memory", "levers", "contended"}
 TARGETS = {

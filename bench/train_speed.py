@@ -21,7 +21,6 @@ import torch
 import torch.nn.functional as F
 
 from bench.common import interleave, median, paired_ratio, workers
-from bench.flops import train_flops
 from bench.marian_peer import build_marian, marian_logits
 from transformer.config import Config
 from transformer.device import autocast
@@ -31,6 +30,7 @@ from transformer.text.batching import Batch, collate, encode_corpus, make_batche
 from transformer.text.corpus import load_split
 from transformer.text.tokenizer import Tokenizer
 from transformer.training.loss import generator_loss, label_smoothed_nll
+from transformer.training.mfu import train_flops
 from transformer.training.schedule import make_optimizer
 from transformer.training.update import UpdateBatches, Updater
 
@@ -137,8 +137,10 @@ def marian_step(
     cfg: Config,
     pad: int,
     device: torch.device = CPU,
+    sync: bool = True,
 ) -> Callable[[int], None]:
-    """A function running the peer's training step r on batch r: its logits, ``F.cross_entropy``, the same update."""
+    """A function running the peer's training step r on batch r: its logits, ``F.cross_entropy``, the same update;
+    on a GPU the step ends with a synchronize unless ``sync`` is off (the caller times several steps at once)."""
     eps, clip = cfg.train.label_smoothing, cfg.train.clip_norm
 
     def step(r: int) -> None:
@@ -149,7 +151,8 @@ def marian_step(
             logits.flatten(0, 1).float(), b.tgt_out.flatten(), ignore_index=pad, label_smoothing=eps, reduction="sum"
         )
         _step(peer, opt, loss / b.n_tokens, clip)
-        _sync(device)
+        if sync:
+            _sync(device)
 
     return step
 

@@ -180,12 +180,14 @@ class HandClock:
     def __init__(self, monkeypatch, update_s: float = 0.0, valid_s: float = 0.0, save_s: float = 0.0) -> None:
         self.now = 1000.0
         self.tokens: list[int] = []
+        self.flops: list[float] = []
         monkeypatch.setattr(meter, "clock", lambda: self.now)
         real_update, real_validate, real_save = Updater.__call__, train.valid_metrics, train.checkpoint.save
 
         def update(updater, work, step):  # every update here is finite: its tokens all count
             self.now += update_s
             self.tokens.append(work.total)
+            self.flops.append(work.flops)
             return real_update(updater, work, step)
 
         def validate(*args):
@@ -212,6 +214,25 @@ def test_logged_throughput_leaves_out_validation_and_saving(tmp_path, monkeypatc
     # Updates 3 and 4 took a second each; validation, best/ and step_3 took 300 s between them.
     assert first["target_tokens_per_s"] == pytest.approx(sum(clock.tokens[:2]) / 2.0)
     assert last["target_tokens_per_s"] == pytest.approx(sum(clock.tokens[2:]) / 2.0)
+
+
+def test_with_a_card_s_peak_each_record_logs_model_flops_per_second_and_mfu(tmp_path, monkeypatch, tiny_run):
+    """The model FLOPs of a window's updates over its seconds, and over the peak (a CPU has none: here one is given,
+    and tiny_run, on the CPU, logs no MFU)."""
+    clock = HandClock(monkeypatch, update_s=1.0)
+    monkeypatch.setattr(train.mfu, "bf16_peak", lambda device: (1e9, "a test card"))
+    cfg = tiny_config(tmp_path, train={"max_steps": 4, "log_every": 2, "eval_every": 4, "save_every": 4})
+    messages: list[str] = []
+    run_trainer(cfg, log=messages.append)
+    log = [json.loads(line) for line in (cfg.out_dir / "log.jsonl").read_text().splitlines()]
+    first, last = [e for e in log if e["kind"] == "train"]
+    assert first["model_tflops_per_s"] == pytest.approx(sum(clock.flops[:2]) / 2.0 / 1e12)
+    assert last["mfu"] == pytest.approx(sum(clock.flops[2:]) / 2.0 / 1e9)
+    start = next(e for e in log if e["kind"] == "start")
+    assert (start["peak_tflops"], start["peak_source"]) == (1e-3, "a test card")
+    assert any("a test card" in m for m in messages)
+    cpu = [json.loads(line) for line in (tiny_run.run_dir / "log.jsonl").read_text().splitlines()]
+    assert not any("mfu" in e for e in cpu)
 
 
 def test_time_split_of_a_resumed_run_counts_both_parts(tmp_path, monkeypatch):

@@ -43,7 +43,7 @@ class Meter:
         self.first_step = state.step + 1  # it pays for warm-up, so the forecast times the updates after it
         self.timed_from = 0.0
         self.window_tokens, self.window_start, self.window_aside = 0, clock(), self._aside_s()
-        self.window_end = self.window_start
+        self.window_flops, self.window_end = 0.0, self.window_start
 
     def since_start(self) -> float:
         """Seconds since the run began, the earlier parts of a resumed run included."""
@@ -56,9 +56,10 @@ class Meter:
         if self.state.step == self.first_step:
             self.timed_from = self.window_end
 
-    def book(self, tokens: int) -> None:
-        """An update's target tokens (0 if it was skipped), once the device has done it."""
+    def book(self, tokens: int, flops: float) -> None:
+        """An update's target tokens (0 if it was skipped) and model FLOPs, once the device has done it."""
         self.window_tokens += tokens
+        self.window_flops += flops
 
     def seconds_per_update(self) -> float | None:
         """Seconds an update took over the ``TIMED_UPDATES`` after the first, once, right after them; else None."""
@@ -66,13 +67,14 @@ class Meter:
             return None
         return (clock() - self.timed_from) / TIMED_UPDATES
 
-    def throughput(self) -> float:
-        """Target tokens per second of the updates booked since the last call, over the time from then to the
-        queueing of the latest update, time set aside left out; starts a new window."""
+    def throughput(self) -> tuple[float, float]:
+        """Target tokens and model FLOPs per second of the updates booked since the last call, over the time from
+        then to the queueing of the latest update, time set aside left out; starts a new window."""
         aside = self._aside_s()
-        tps = self.window_tokens / max(self.window_end - self.window_start - (aside - self.window_aside), 1e-9)
-        self.window_tokens, self.window_start, self.window_aside = 0, self.window_end, aside
-        return tps
+        seconds = max(self.window_end - self.window_start - (aside - self.window_aside), 1e-9)
+        rates = self.window_tokens / seconds, self.window_flops / seconds
+        self.window_tokens, self.window_flops, self.window_start, self.window_aside = 0, 0.0, self.window_end, aside
+        return rates
 
     @contextlib.contextmanager
     def aside(self, kind: str) -> Iterator[None]:

@@ -33,7 +33,7 @@ from transformer.memory import check_fits
 from transformer.model.transformer import build_model
 from transformer.text.batching import make_batches
 from transformer.text.tokenizer import Tokenizer
-from transformer.training import distributed, run_dir, tensorboard_log, train_data, train_state
+from transformer.training import distributed, mfu, run_dir, tensorboard_log, train_data, train_state
 from transformer.training.cpu_precision import faster_cpu_precision
 from transformer.training.forecast import forecast
 from transformer.training.meter import Meter, clock, process_started
@@ -178,6 +178,7 @@ class Trainer:
         )
         self.meter = Meter(self.state)
         self.queued: Queued | None = None
+        self.peak = mfu.bf16_peak(self.device)
         self.set_up_s = clock() - self.started
         self.model.train()
         self.signals.training = True
@@ -249,7 +250,8 @@ class Trainer:
         update, its tokens, its log records. True when it made ``train.max_bad_steps`` non-finite updates in a row."""
         if self.queued is None:
             return False
-        out, self.queued = self.queued.result(), None
+        queued, self.queued = self.queued, None
+        out = queued.result()
         s = self.state
         if out is None:
             s.skipped_steps += 1
@@ -258,7 +260,7 @@ class Trainer:
             s.bad_in_a_row = 0
             s.last_finite_loss = out.loss
             s.target_tokens += out.tokens
-        self.meter.book(0 if out is None else out.tokens)
+        self.meter.book(0 if out is None else out.tokens, queued.flops)
         if s.step == self.meter.first_step:
             self._log_start()
         if out is not None and s.step % self.cfg.train.log_every == 0:
@@ -269,16 +271,22 @@ class Trainer:
         """How long the user waited for training to get under way: from the process's start to the end of its first
         update (the set-up before it: data, tokenizer, model; the first update itself: compilation, if on)."""
         first = clock() - self.started
+        peak = {"peak_tflops": self.peak[0] / 1e12, "peak_source": self.peak[1]} if self.peak else {}
         self.run_log.record(
-            {"step": self.state.step, "kind": "start", "first_update_s": first, "set_up_s": self.set_up_s}
+            {"step": self.state.step, "kind": "start", "first_update_s": first, "set_up_s": self.set_up_s, **peak}
         )
         self.log(f"first update done {first:.1f} s after the start ({self.set_up_s:.1f} s of set-up before it)")
+        if self.peak:
+            self.log(f"MFU: model FLOPs per second over {self.peak[0] / 1e12:,.0f} TFLOP/s ({self.peak[1]})")
 
     def _log(self, out: Updated) -> None:
-        """A log record of the update, with the throughput of the updates since the last one."""
-        tps = self.meter.throughput()
+        """A log record of the update, with the throughput of the updates since the last one (and on CUDA their
+        model FLOPs per second over the card's bf16 peak, MFU)."""
+        tps, flops = self.meter.throughput()
         lr = learning_rate(self.state.step, self.cfg.train, self.cfg.model.d_model)
-        self.bar.set_postfix(loss=f"{out.loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}")
+        use = {"model_tflops_per_s": flops / 1e12, "mfu": flops / self.peak[0]} if self.peak else {}
+        shown = {"mfu": f"{use['mfu']:.0%}"} if use else {}
+        self.bar.set_postfix(loss=f"{out.loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}", **shown)
         self.run_log.record(
             {
                 "step": self.state.step,
@@ -289,6 +297,7 @@ class Trainer:
                 "lr": lr,
                 "grad_norm": out.grad_norm,
                 "target_tokens_per_s": tps,
+                **use,
                 "skipped_steps": self.state.skipped_steps,
                 "elapsed_s": self.state.elapsed,
             }

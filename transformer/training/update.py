@@ -34,6 +34,7 @@ from transformer.text.tokenizer import Tokenizer
 from transformer.training import distributed
 from transformer.training.cuda_graphs import MicroStepGraphs, TailGraph
 from transformer.training.loss import chunk_loss, generator_loss
+from transformer.training.mfu import train_flops
 from transformer.training.schedule import learning_rate
 
 COMPILE_BACKEND = "inductor"  # torch.compile's default; the CPU tests swap in "aot_eager", which compiles in seconds
@@ -58,6 +59,7 @@ class UpdateBatches:
 
     batches: list[tuple[Batch, float]]
     total: int
+    flops: float  # the model FLOPs of this process's batches (transformer.training.mfu)
 
 
 def collate_update(
@@ -66,11 +68,12 @@ def collate_update(
     """This rank's micro-batches of one update's index lists, collated (and pinned, for an asynchronous copy)."""
     t = cfg.train
     static = t.batch_tokens if t.static_shapes else None
-    batches = []
+    batches, flops = [], 0.0
     for idx, weight in distributed.shard(micro):  # this rank's batches: all of them in a single process
         b = collate(data, idx, tokenizer, t.pad_multiple, static)
         batches.append((b.pin_memory() if pin else b, weight))
-    return UpdateBatches(batches, distributed.target_tokens(data.tgt_lengths, micro))
+        flops += train_flops(cfg.model, tokenizer.vocab_size, len(idx), b.src.size(1), b.tgt_in.size(1))
+    return UpdateBatches(batches, distributed.target_tokens(data.tgt_lengths, micro), flops)
 
 
 class Updated(NamedTuple):
@@ -87,8 +90,8 @@ class Queued:
     """An update queued on the device. Its figures travel to the host behind it, and ``result`` waits for that
     update alone: asked once the next update is queued, it keeps the device busy meanwhile."""
 
-    def __init__(self, figures: torch.Tensor, total: int) -> None:
-        self.total = total
+    def __init__(self, figures: torch.Tensor, total: int, flops: float) -> None:
+        self.total, self.flops = total, flops
         self.figures, self.done = figures, None
         if figures.is_cuda:  # into pinned memory, so that the copy waits on the device, not the host
             self.figures = torch.empty(figures.shape, pin_memory=True).copy_(figures, non_blocking=True)
@@ -195,7 +198,7 @@ class Updater:
         for group in self.optimizer.param_groups:  # set every time: restoring a checkpoint replaces the groups
             group["lr"] = self.lr if self.skips_on_device else lr
             group["capturable"] = capturing  # Adam refuses a capture without it, and warns of it without one
-        return Queued(self.tail(), total)
+        return Queued(self.tail(), total, work.flops)
 
     def _tail(self) -> torch.Tensor:
         """Unscale, clip, check, step and zero the gradients; [loss, nll, gradient norm before clipping, 1 if the

@@ -1,17 +1,31 @@
-"""Model FLOPs of a training step, and the machine's matmul peak measured in the same run (for MFU).
+"""Model FLOPs utilisation (MFU): the model FLOPs training computes per second, over the card's bf16 matmul peak.
 
-FLOPs are counted on the padded tensors the step really computes, matmuls only (2 per
-multiply-add), the backward pass counted as twice the forward (nanoGPT's estimate_mfu does the
-same); full attention score matrices are counted, the causal half included.
+FLOPs are those of matmuls (2 per multiply-add) on the tensors a step computes, each sentence padded to its
+batch's longest (the empty rows ``train.static_shapes`` adds are no one's model FLOPs and are left out); the
+backward pass counts twice the forward, as nanoGPT's estimate_mfu counts it; attention score matrices count whole,
+the causal half included. The peak is the card's dense (not sparse) bf16 tensor-core figure from its datasheet,
+or for a card not in the table the best of a few large bf16 matmuls timed here.
 """
 
 from __future__ import annotations
 
+import re
 import time
 
 import torch
 
 from transformer.config import ModelConfig
+
+DENSE_BF16_TFLOPS = [  # (pattern in torch.cuda.get_device_name(), datasheet dense bf16 TFLOP/s), first match wins
+    (r"H100.*PCIe", 756.0),
+    (r"H100.*NVL", 835.0),
+    (r"H100", 989.0),  # SXM: "NVIDIA H100 80GB HBM3"
+    (r"H200.*NVL", 835.0),
+    (r"H200", 989.0),
+    (r"A100", 312.0),
+    (r"L40S", 362.0),
+    (r"\bL4\b", 121.0),
+]
 
 
 def forward_flops(m: ModelConfig, vocab: int, batch: int, src_len: int, tgt_len: int) -> float:
@@ -46,3 +60,15 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 5, device: tor
         sync()
         best = min(best, time.perf_counter() - start)
     return 2 * n**3 / best / 1e9
+
+
+def bf16_peak(device: torch.device) -> tuple[float, str] | None:
+    """A CUDA card's bf16 matmul peak in FLOP/s and where the figure comes from; None off CUDA."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for pattern, tflops in DENSE_BF16_TFLOPS:
+        if re.search(pattern, name):
+            return tflops * 1e12, f"{name}, datasheet dense bf16"
+    measured = matmul_peak(torch.bfloat16, n=8192, repeats=5, device=device)
+    return measured * 1e9, f"{name}, measured: best of 5 bf16 matmuls of 8192 x 8192"
