@@ -86,10 +86,12 @@ def _until_end(row: list[int], end_id: int, limit: int) -> list[int]:
     return (row[: row.index(end_id)] if end_id in row else row)[:limit]
 
 
-def marian_decoder(loaded: checkpoint.Loaded, length_penalty: float, device: str = "cpu") -> Decoder:
-    """transformers' ``generate`` on a MarianMTModel holding tfm's weights."""
+def marian_decoder(loaded: checkpoint.Loaded, length_penalty: float, device: str = "cpu", peer=None) -> Decoder:
+    """transformers' ``generate`` on a MarianMTModel holding tfm's weights: ``peer`` (on ``device``), or one built
+    here with the checkpoint's tensors copied in."""
     tok, d = loaded.tokenizer, loaded.cfg.decode
-    peer = copy_tfm_weights(build_marian(loaded.cfg.model, tok).to(device), loaded.model).eval()
+    if peer is None:
+        peer = copy_tfm_weights(build_marian(loaded.cfg.model, tok).to(device), loaded.model).eval()
 
     def run(lines: list[str], beam: int) -> list[str]:
         ids = tok.encode_batch(lines)
@@ -132,13 +134,17 @@ def ct2_folder(workdir: Path, precision: str, alpha: float) -> Path:
     return workdir / f"ct2-{precision}-{alpha}"
 
 
-def ct2_decoder(tok: Tokenizer, decode: DecodeConfig, workdir: Path, precision: str, alpha: float) -> Decoder:
-    """CTranslate2 on the model exported into ``ct2_folder`` (fp32, as exported, or with int8 weights quantized
-    when loading), with length penalty ``alpha``. Runs no torch operator: see the module's docstring."""
-    folder, compute_type = ct2_folder(workdir, precision, alpha), "int8" if precision == "int8" else "default"
+def ct2_decoder(
+    tok: Tokenizer, decode: DecodeConfig, workdir: Path, precision: str, alpha: float, device: str = "cpu"
+) -> Decoder:
+    """CTranslate2 on ``device`` on the model exported into ``ct2_folder`` (fp32, as exported, or with its weights
+    converted when loading: int8, bf16), with length penalty ``alpha``. Runs no torch operator: see the module's
+    docstring."""
+    folder = ct2_folder(workdir, precision, alpha)
+    compute_type = {"int8": "int8", "bf16": "bfloat16"}.get(precision, "default")
     ctranslate2 = _import_ctranslate2()
     translator = ctranslate2.Translator(
-        str(folder), device="cpu", compute_type=compute_type, inter_threads=1, intra_threads=torch.get_num_threads()
+        str(folder), device=device, compute_type=compute_type, inter_threads=1, intra_threads=torch.get_num_threads()
     )
     vocab = [tok.id_to_token(i) for i in range(tok.vocab_size)]
     index = {t: i for i, t in enumerate(vocab)}
@@ -186,7 +192,8 @@ def measure(
     rounds: int,
     per_round: int,
 ) -> dict[str, dict[str, float]]:
-    """Sentences/s and tokens/s over all the sentences decoded, BLEU on them, and time ratios to tfm.
+    """Sentences/s and tokens/s over all the sentences decoded, BLEU on them, time ratios to tfm, and the share of
+    output lines identical to tfm's.
 
     Throughput is the total over the rounds divided by their total time, as when translating a file:
     the full test set at batch 32. ``tfm_speedup`` is the ratio of total times; ``tfm_speedup_median_round``
@@ -222,6 +229,7 @@ def measure(
             "sentences": len(done),
             "tfm_speedup": sum(ts) / sum(times["tfm"]),
             "tfm_speedup_median_round": paired_ratio(ts, times["tfm"]),
+            "identical_to_tfm": sum(outputs[name][i] == outputs["tfm"][i] for i in done) / len(done),
         }
     return result
 

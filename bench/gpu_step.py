@@ -1,56 +1,88 @@
-"""The paper's base model training on one GPU, measured in one call: a profile of the update, each training lever
-alone and all together against the update as the Trainer runs it by default (Marian in the same run), then
-``tfm train --config base-gpu`` with the levers off and on.
+"""The paper's base model on one GPU, in one call: how soon training is under way, the training update with each
+lever alone and all together against the levers off and Marian, MFU, a profile, and decoding against `generate`.
 
-Sections, each written to the JSON as soon as it is done:
-  profile  base bf16 updates of 25,000 tokens under torch.profiler, for the systems --profile names: wall time,
-           GPU busy time, kernel launches per update, GPU time by kernel family and the top kernels
-  levers   target tokens/s of the Trainer's own update (transformer.training.update.Updater, collation included)
-           with the --levers that compile nothing (static shapes, CUDA graphs), against the levers off and
-           MarianMTModel (where transformers is installed), alternated update by update
-  compile  the same for the --levers with train.compile, with the seconds the first updates took (compilation)
-  train    ``tfm train --config base-gpu`` for ``--steps`` updates on Multi30k, with the levers the config ships and
-           with them all off: logged target tokens/s after the first 50 updates, validation loss at the end
+Sections, each written to the JSON as soon as it is done (in this order by default; --sections picks):
+  start    ``tfm train --config base-gpu`` twice, each in a process of its own: with an empty inductor cache (a fresh
+           TORCHINDUCTOR_CACHE_DIR) and again with the cache the first run filled. Seconds from the process's start
+           to the end of its first update (log.jsonl's start record) and the set-up before it; target tokens/s and
+           MFU logged after update 50; the validation at the end. The first run's best/ is what ``decode`` translates.
+  levers   target tokens/s of the Trainer's own update (transformer.training.update.Updater) with each lever that
+           compiles nothing, alone and together, against the levers off and a same-shape MarianMTModel (where
+           transformers is installed); MFU of each; and the host's waits inside one update (CUDA's sync debug mode)
+  compile  the same for the levers that compile: the layers, the loss over the vocabulary, both, all levers together
+  decode   test_2016_flickr through tfm's Translator (what ``tfm translate`` runs) against ``generate`` of the
+           checkpoint's Hugging Face export (``tfm export --format hf``) and, where it runs on this device,
+           CTranslate2: greedy and beam 5, batches of 1 and 64 sentences; sentences/s, BLEU, and the share of
+           output lines identical to tfm's
+  profile  updates of --profile's systems under torch.profiler: wall and GPU busy time per update, kernels per
+           update, GPU time by kernel family and the top kernels
+  whole    all levers with each layer kind compiled once (train.compile) against the same with the whole model
+           compiled (train.compile before regional compilation): throughput, and the seconds their first updates took
 
-Run: python -m bench.gpu_step [--data DIR] [--json PATH] [--sections profile,levers,train,compile] [--steps 300]
+Training systems run blocks of consecutive updates as the Trainer runs them (each update queued, the one before it
+booked then; the block ends when its last update is done), their batches collated and pinned beforehand (the
+Trainer collates ahead in a thread); the systems alternate block by block, each block the same 8 updates' batches.
+
+Run: python -m bench.gpu_step [--data DIR] [--json PATH] [--sections start,levers,...] [--steps 600]
      python -m bench.gpu_step --device cpu --quick     (checks that it runs, without a GPU)
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import gzip
 import importlib.util
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+import warnings
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
+from bench import decode_speed, train_speed
 from bench.common import DEFAULT_DATA, ROOT, interleave, machine, median, paired_ratio, run_sections
+from bench.marian_peer import build_marian
+from transformer import checkpoint
 from transformer.config import Config, load
 from transformer.device import PRECISIONS, resolve_precision
+from transformer.export.write import export
 from transformer.model.transformer import build_model
 from transformer.text.batching import EncodedCorpus, encode_corpus, make_batches
 from transformer.text.corpus import load_split
 from transformer.text.tokenizer import Tokenizer, train_tokenizer
-from transformer.training.mfu import matmul_peak
+from transformer.training import mfu, update
 from transformer.training.schedule import make_optimizer
-from transformer.training.update import UpdateBatches, Updater, collate_update
+from transformer.training.update import Levers, UpdateBatches, Updater, collate_update
 
 LEVERS_OFF = {"static_shapes": False, "cuda_graphs": False, "compile": False, "prefetch": 0}
-SYSTEMS = {  # name -> the train settings it changes from LEVERS_OFF
-    "default": {},
-    "static shapes": {"static_shapes": True},
-    "cuda graphs": {"static_shapes": True, "cuda_graphs": True},
-    "compile": {"compile": True},
-    "compile + cuda graphs": {"static_shapes": True, "cuda_graphs": True, "compile": True},
+GRAPHS = {"static_shapes": True, "cuda_graphs": True}
+ALL = {**GRAPHS, "compile": True}
+# name -> (the train settings it changes from LEVERS_OFF, its Levers, the whole model compiled instead of its layers)
+SYSTEMS: dict[str, tuple[dict[str, Any], Levers, bool]] = {
+    "levers off": ({}, Levers(), False),
+    "static shapes": ({"static_shapes": True}, Levers(), False),
+    "cuda graphs, micro-steps only": (GRAPHS, Levers(tail_graph=False), False),
+    "cuda graphs": (GRAPHS, Levers(), False),
+    "compiled layers": ({"compile": True}, Levers(compiled_loss=False), False),
+    "compiled loss": ({"compile": True}, Levers(compiled_layers=False), False),
+    "compiled layers and loss": ({"compile": True}, Levers(), False),
+    "all levers": (ALL, Levers(), False),
+    "all levers, whole model compiled": (ALL, Levers(compiled_layers=False), True),
+}
+SECTIONS = {  # the systems each training section alternates, besides "levers off" and Marian
+    "levers": ["static shapes", "cuda graphs, micro-steps only", "cuda graphs", "all levers"],
+    "compile": ["compiled layers", "compiled loss", "compiled layers and loss", "all levers"],
+    "whole": ["all levers", "all levers, whole model compiled"],
 }
 FAMILIES = [  # kernel name pattern -> family, first match wins
     ("triton (compiled)", r"triton"),
@@ -64,9 +96,23 @@ FAMILIES = [  # kernel name pattern -> family, first match wins
     ("copy / cast / fill", r"copy|cast|convert|fill|memset|memcpy|index"),
     ("elementwise", r"elementwise|vectorized|unrolled"),
 ]
+BLOCK = 8  # updates in a timed block: the cycle of distinct updates' batches
+QUICK = [
+    "model.N=1",
+    "model.d_model=64",
+    "model.d_ff=128",
+    "model.h=2",
+    "tokenizer.vocab_size=1000",
+    "train.batch_tokens=2000",
+    "train.eval_sentences=8",
+    "decode.max_len_b=5",
+]
 
 
-QUICK = ["model.N=1", "model.d_model=64", "model.d_ff=128", "model.h=2", "train.batch_tokens=2000"]
+class Runner(Protocol):
+    """A way of training that runs updates ``first + 1 .. first + count`` and returns when the device is done."""
+
+    def run(self, first: int, count: int) -> None: ...
 
 
 def config(data: str, overrides: list[str]) -> Config:
@@ -76,71 +122,114 @@ def config(data: str, overrides: list[str]) -> Config:
 
 
 class System:
-    """One way of training: a fresh base model (the same initial weights for every system), Adam, and an Updater."""
+    """One way of training: a fresh base model (the same initial weights for every system), Adam, an Updater with
+    ``levers``, and the cycle of updates collated and pinned once."""
 
     def __init__(
-        self, cfg: Config, tok: Tokenizer, data: EncodedCorpus, updates: list[list[list[int]]], device: torch.device
+        self,
+        cfg: Config,
+        tok: Tokenizer,
+        data: EncodedCorpus,
+        updates: list[list[list[int]]],
+        device: torch.device,
+        levers: Levers = Levers(),
+        whole_model: bool = False,
     ) -> None:
         self.device = device
         torch.manual_seed(cfg.seed)
         model = build_model(cfg.model, tok.vocab_size, tok.pad_id).to(device).train()
-        precision = resolve_precision(cfg.precision, device)
-        self.cfg = replace(cfg, precision=precision)
+        self.cfg = replace(cfg, precision=resolve_precision(cfg.precision, device))
         opt = make_optimizer(model, cfg.train, device)
-        scaler = torch.amp.GradScaler(device.type, enabled=PRECISIONS[precision].loss_scaling)
-        self.updater = Updater(self.cfg, device, model, model, opt, scaler)
-        self.data, self.tok, self.updates = data, tok, updates
+        scaler = torch.amp.GradScaler(device.type, enabled=PRECISIONS[self.cfg.precision].loss_scaling)
+        self.updater = Updater(self.cfg, device, model, model, opt, scaler, levers)
+        if whole_model:  # what train.compile was before it compiled one layer of each kind
+            self.updater.forward = torch.compile(model, backend=update.COMPILE_BACKEND)
+        pin = device.type == "cuda"
+        self.works = [collate_update(u, data, tok, self.cfg, pin=pin) for u in updates]
 
-    def work(self, r: int) -> UpdateBatches:
-        """The r-th update's batches (cycling), collated and pinned as the Trainer does."""
-        return collate_update(
-            self.updates[r % len(self.updates)], self.data, self.tok, self.cfg, pin=self.device.type == "cuda"
-        )
+    def run(self, first: int, count: int) -> None:
+        """Updates ``first + 1 .. first + count`` as the Trainer runs them: each queued, the one before it booked
+        then; returns once the last is done."""
+        queued = None
+        for r in range(first, first + count):
+            after = self.updater(self.works[r % len(self.works)], r + 1)
+            if queued is not None:
+                queued.result()
+            queued = after
+        if queued is not None:
+            queued.result()
 
-    def __call__(self, r: int) -> None:
-        """Update r over the r-th update's batches (cycling), collated here as the Trainer collates them."""
-        self.updater(self.work(r), r + 1)
+    def host_waits(self, r: int) -> int | None:
+        """How often the host waited for the device while update r was queued (CUDA's sync debug mode; None on a
+        CPU)."""
+        if self.device.type != "cuda":
+            return None
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                queued = self.updater(self.works[r % len(self.works)], r + 1)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        queued.result()
+        return sum("synchroniz" in str(w.message) for w in seen)
+
+
+class Marian:
+    """MarianMTModel of the same shape on the levers-off batches: its logits, ``F.cross_entropy``, the same update."""
+
+    def __init__(self, cfg: Config, tok: Tokenizer, works: list[UpdateBatches], device: torch.device) -> None:
+        torch.manual_seed(cfg.seed)
+        peer = build_marian(cfg.model, tok).to(device).train()
+        opt = train_speed.optimizer(peer, cfg, device=device)  # Adam as the Trainer makes it (fused on CUDA)
+        batches = [w.batches[0][0].to(device) for w in works]
+        precision = resolve_precision(cfg.precision, device)
+        self.step = train_speed.marian_step(peer, opt, batches, precision, cfg, tok.pad_id, device, sync=False)
+        self.device = device
+
+    def run(self, first: int, count: int) -> None:
+        for r in range(first, first + count):
+            self.step(r)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
 
-def _tokens(data: EncodedCorpus, update: list[list[int]]) -> int:
-    return sum(int(data.tgt_lengths[i].sum()) + len(i) for i in update)
-
-
 def measure(
-    systems: dict[str, Callable[[int], None]],
-    data: EncodedCorpus,
-    updates: list[list[list[int]]],
-    warmup: int,
-    rounds: int,
+    systems: dict[str, Runner], works: list[UpdateBatches], warmup: int, rounds: int, peak: float | None
 ) -> dict[str, Any]:
-    """Systems alternated over ``warmup + rounds`` updates; target tokens/s (median) and ratios to the default."""
+    """Systems alternated block by block over ``warmup`` updates and then ``rounds`` blocks of ``len(works)``
+    updates: target tokens/s (median over blocks), MFU, ratios to the levers off and to Marian."""
     started = {}
-    for name, step in systems.items():  # the first updates (eager runs, captures, compilation), timed apart
+    for name, system in systems.items():  # the first updates (eager runs, captures, compilation), timed apart
         began = time.perf_counter()
-        for r in range(warmup):
-            step(r)
+        system.run(0, warmup)
         started[name] = time.perf_counter() - began
-    times = interleave({n: (lambda s: lambda r: s(r + warmup))(s) for n, s in systems.items()}, rounds)
-    tokens = [_tokens(data, updates[(r + warmup) % len(updates)]) for r in range(rounds)]
+    block = len(works)
+    times = interleave(
+        {n: (lambda s: lambda r: s.run(warmup + r * block, block))(s) for n, s in systems.items()}, rounds
+    )
+    tokens = sum(w.total for w in works)
+    flops = sum(w.flops for w in works)
     rows = {}
     for name, ts in times.items():
         rows[name] = {
-            "tgt_tok_s": median([n / t for n, t in zip(tokens, ts)]),
-            "update_s": median(ts),
+            "tgt_tok_s": tokens / median(ts),
+            "update_ms": median(ts) / block * 1e3,
+            "mfu": flops / median(ts) / peak if peak else None,
             "first_updates_s": started[name],
             "first_updates": warmup,
+            "vs_levers_off": paired_ratio(times["levers off"], ts),
+            "vs_marian": paired_ratio(times["marian"], ts) if "marian" in times else None,
+            "host_waits_in_an_update": systems[name].host_waits(warmup) if isinstance(systems[name], System) else None,
         }
-    for name in rows:
-        rows[name]["vs_default"] = paired_ratio(times["default"], times[name]) if "default" in times else None
-        rows[name]["vs_marian"] = paired_ratio(times["marian"], times[name]) if "marian" in times else None
     for name, row in rows.items():
         print(
-            f"  {name:>24}: {row['tgt_tok_s']:>10,.0f} tgt tok/s  {row['update_s'] * 1e3:7.1f} ms/update  "
-            + (f"{row['vs_default']:.2f}x default  " if row["vs_default"] else "")
-            + (f"{row['vs_marian']:.2f}x Marian" if row["vs_marian"] else "")
-            + f"  (first {warmup} updates {row['first_updates_s']:.1f} s)",
+            f"  {name:>34}: {row['tgt_tok_s']:>10,.0f} tgt tok/s {row['update_ms']:6.1f} ms/update "
+            f"{row['vs_levers_off']:.2f}x off"
+            + (f" {row['vs_marian']:.2f}x Marian" if row["vs_marian"] else "")
+            + (f" MFU {row['mfu']:.1%}" if row["mfu"] else "")
+            + (f" host waits {row['host_waits_in_an_update']}" if row["host_waits_in_an_update"] is not None else "")
+            + f" (first {warmup} updates {row['first_updates_s']:.1f} s)",
             flush=True,
         )
     return rows
@@ -161,7 +250,7 @@ def family(name: str) -> str:
 
 
 def profile(system: System, start: int, updates: int) -> dict[str, Any]:
-    """One system's updates ``start..start+updates-1`` under torch.profiler: per-update wall and GPU busy time,
+    """One system's updates ``start + 1 .. start + updates`` under torch.profiler: per-update wall and GPU busy time,
     kernel launches, GPU time by kernel family (CPU only: operator time, no kernels)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
@@ -170,8 +259,7 @@ def profile(system: System, start: int, updates: int) -> dict[str, Any]:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with torch_profile(activities=activities) as prof:
         began = time.perf_counter()
-        for r in range(start, start + updates):
-            system(r)
+        system.run(start, updates)
         wall = (time.perf_counter() - began) / updates
     kernels: Counter = Counter()
     by_family: Counter = Counter()
@@ -206,76 +294,135 @@ def profile(system: System, start: int, updates: int) -> dict[str, Any]:
     return out
 
 
-def train_run(name: str, data: str, runs: Path, steps: int, device: str, sets: list[str]) -> dict[str, Any]:
-    """``tfm train --config base-gpu`` for ``steps`` updates, validating once at the end; its log's figures."""
+def train_run(name: str, data: str, runs: Path, steps: int, sets: list[str], inductor_cache: Path) -> dict[str, Any]:
+    """``tfm train --config base-gpu`` for ``steps`` updates, in a process of its own with ``inductor_cache`` as
+    inductor's cache, validating once at the end; the figures of its log."""
     out = runs / name
-    cmd = [
-        sys.executable,
-        "-m",
-        "cli",
-        "train",
-        "--config",
-        "base-gpu",
-        "--data-dir",
-        data,
-        "--quiet",
-        "--overwrite",
-        "--set",
-        f"name={name}",
-        "--set",
-        f"run_dir={runs}",
-        "--set",
-        f"device={device}",
-        "--set",
-        f"train.max_steps={steps}",
-        "--set",
-        f"train.eval_every={steps}",
-        "--set",
-        f"train.save_every={10 * steps}",
-        *[a for s in sets for a in ("--set", s)],
-    ]
+    cmd = [sys.executable, "-m", "cli", "train", "--config", "base-gpu", "--data-dir", data, "--quiet", "--overwrite"]
+    for s in (f"name={name}", f"run_dir={runs}", f"train.max_steps={steps}", f"train.eval_every={steps}", *sets):
+        cmd += ["--set", s]
+    cmd += ["--set", f"train.save_every={10 * steps}"]
     began = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(inductor_cache)}
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - began
     if proc.returncode:
         raise RuntimeError(f"tfm train failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    start = next(e for e in log if e["kind"] == "start")
     trained = [e for e in log if e["kind"] == "train" and e["step"] > 50]
     valid = [e for e in log if e["kind"] == "valid"][-1]
     end = [e for e in log if e["kind"] == "end"][-1]
     row = {
         "command": " ".join(["tfm", *cmd[3:]]),
-        "wall_s": wall,
+        "inductor_cache": str(inductor_cache),
+        "first_update_s": start["first_update_s"],
+        "set_up_s": start["set_up_s"],
+        "peak_tflops": start.get("peak_tflops"),
+        "peak_source": start.get("peak_source"),
         "tgt_tok_s_after_update_50": median([e["target_tokens_per_s"] for e in trained]) if trained else None,
+        "mfu_after_update_50": median([e["mfu"] for e in trained]) if trained and "mfu" in trained[0] else None,
         "tgt_tok_s_by_window": {e["step"]: round(e["target_tokens_per_s"]) for e in log if e["kind"] == "train"},
         "valid_loss": valid["valid_loss"],
         "valid_bleu": valid["valid_bleu"],
         "train_s": end["train_s"],
         "valid_s": end["valid_s"],
-        "save_s": end["save_s"],
+        "wall_s": wall,
+        "checkpoint": str(out / "best"),
     }
     print(
-        f"  {name}: {row['tgt_tok_s_after_update_50'] or 0:,.0f} tgt tok/s after update 50, valid loss "
-        f"{row['valid_loss']:.4f}, BLEU {row['valid_bleu']:.2f}, {wall:.0f} s in all",
+        f"  {name}: first update {row['first_update_s']:.1f} s after the start ({row['set_up_s']:.1f} s set-up), "
+        f"{row['tgt_tok_s_after_update_50'] or 0:,.0f} tgt tok/s after update 50"
+        + (f", MFU {row['mfu_after_update_50']:.1%}" if row["mfu_after_update_50"] else "")
+        + f", valid loss {row['valid_loss']:.3f}, BLEU {row['valid_bleu']:.2f}, {wall:.0f} s in all",
         flush=True,
     )
     return row
+
+
+def hf_decoder(
+    folder: Path, loaded: checkpoint.Loaded, dtype: torch.dtype, device: torch.device
+) -> decode_speed.Decoder:
+    """``generate`` of the Hugging Face export in ``folder``, loaded with transformers alone, in ``dtype``."""
+    from transformers import MarianMTModel
+
+    peer = MarianMTModel.from_pretrained(folder).to(device, dtype).eval()
+    return decode_speed.marian_decoder(loaded, loaded.cfg.decode.alpha, str(device), peer=peer)
+
+
+def ct2_gpu(loaded: checkpoint.Loaded, workdir: Path, device: torch.device) -> tuple[Any, str]:
+    """CTranslate2 on this GPU in bf16, or None and why not."""
+    if device.type != "cuda":
+        return None, "CTranslate2 is measured on a GPU only (bench.run measures it on the CPU)"
+    if importlib.util.find_spec("ctranslate2") is None:
+        return None, "ctranslate2 is not installed"
+    try:
+        import ctranslate2
+
+        if ctranslate2.get_cuda_device_count() < 1:
+            return None, "this ctranslate2 sees no CUDA device"
+        alpha = loaded.cfg.decode.alpha
+        export(loaded.path, decode_speed.ct2_folder(workdir, "bf16", alpha), overwrite=True)
+        return decode_speed.ct2_decoder(loaded.tokenizer, loaded.cfg.decode, workdir, "bf16", alpha, "cuda"), ""
+    except Exception as e:  # noqa: BLE001 - a peer that cannot run here is recorded, not fatal
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+
+
+def decode_grid(ckpt: Path, data: str, device: torch.device, quick: bool) -> dict[str, Any]:
+    """test_2016_flickr, greedy and beam 5, 1 and 64 sentences a batch: tfm against generate (and CTranslate2)."""
+    loaded = checkpoint.load(ckpt, "cpu")
+    d = loaded.cfg.data
+    name = "test_2016_flickr"
+    lines = gzip.open(Path(data) / f"{name}.{d.src_lang}.gz", "rt", encoding="utf-8").read().splitlines()
+    refs = gzip.open(Path(data) / f"{name}.{d.tgt_lang}.gz", "rt", encoding="utf-8").read().splitlines()
+    precision = "bf16" if device.type == "cuda" else "fp32"
+    dtype = PRECISIONS[precision].dtype
+    out: dict[str, Any] = {"checkpoint": str(ckpt), "precision": precision, "sentences": len(lines)}
+    with tempfile.TemporaryDirectory() as tmp:
+        systems = {
+            "tfm": decode_speed.tfm_decoder(loaded, precision, str(device)),
+            "generate": hf_decoder(export(ckpt, Path(tmp) / "hf", fmt="hf"), loaded, dtype, device),
+        }
+        ct2, why = ct2_gpu(loaded, Path(tmp), device)
+        if ct2 is not None:
+            systems["ctranslate2"] = ct2
+        out["ctranslate2"] = why or "measured"
+        for beam in (1, 5):
+            for batch, rounds, per_round in ((1, 2, 4), (64, 1, 2)) if quick else ((1, 4, 25), (64, 4, 4)):
+                row = decode_speed.measure(
+                    systems,
+                    lines,
+                    refs,
+                    loaded.tokenizer,
+                    d.tgt_lang,
+                    decode_speed.Setting(beam, batch),
+                    rounds,
+                    per_round,
+                )
+                search = "greedy" if beam == 1 else f"beam {beam}"
+                out[f"{search}, batch {batch}"] = row
+                print(
+                    f"  {search}, batch {batch}: "
+                    + ", ".join(
+                        f"{k} {v['sentences_per_s']:.1f} sent/s (tfm {v['tfm_speedup']:.2f}x, BLEU {v['bleu']:.2f}, "
+                        f"{v['identical_to_tfm']:.0%} as tfm)"
+                        for k, v in row.items()
+                    ),
+                    flush=True,
+                )
+    return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.gpu_step", description=__doc__.splitlines()[0])
     p.add_argument("--data", default=DEFAULT_DATA, help="Multi30k folder")
     p.add_argument("--json", type=Path, default=Path("runs/gpu_step.json"))
-    p.add_argument("--runs", type=Path, default=Path("runs/gpu_step"), help="scratch folder for the train section")
-    p.add_argument("--sections", default="profile,levers,train,compile", help="which measurements, in order")
-    p.add_argument("--steps", type=int, default=300, help="updates of each tfm train run")
-    p.add_argument("--rounds", type=int, default=24, help="timed updates per system in the levers sections")
-    p.add_argument(
-        "--levers",
-        default=",".join(list(SYSTEMS)[1:]),
-        help="the systems the levers (and compile) sections measure against the default and Marian",
-    )
-    p.add_argument("--profile", default="default,cuda graphs", help="the systems the profile section profiles")
+    p.add_argument("--runs", type=Path, default=Path("runs/gpu_step"), help="scratch folder (runs, inductor caches)")
+    p.add_argument("--sections", default="start,levers,compile,decode,profile,whole", help="which, in order")
+    p.add_argument("--steps", type=int, default=600, help="updates of the start section's first tfm train run")
+    p.add_argument("--rounds", type=int, default=8, help="timed blocks of 8 updates per system")
+    p.add_argument("--profile", default="all levers", help="the systems the profile section profiles")
+    p.add_argument("--checkpoint", type=Path, help="what decode translates (default: the start section's)")
     p.add_argument("--device", default="cuda", help="cuda, or cpu to check the script without a GPU")
     p.add_argument("--quick", action="store_true", help="a tiny model and a few updates (checks that it runs)")
     args = p.parse_args()
@@ -284,76 +431,78 @@ def main() -> None:
     device = torch.device(args.device)
     shape = QUICK if args.quick else []
     base = config(args.data, shape)
-    rounds, steps = (3, 4) if args.quick else (args.rounds, args.steps)
+    rounds, steps = (2, 4) if args.quick else (args.rounds, args.steps)
+    runs = args.runs.resolve()
+    cold_cache = runs / "inductor-cache"  # emptied here: the start section's first run finds nothing compiled
+    shutil.rmtree(cold_cache, ignore_errors=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cold_cache)  # this process compiles from what the start section left
+    os.environ.pop("TRITON_CACHE_DIR", None)  # Triton's cache then lies in inductor's
     result: dict[str, Any] = {"machine": machine(), "command": " ".join(["python -m bench.gpu_step", *sys.argv[1:]])}
+    peak = None
     if device.type == "cuda":
         result["card"] = torch.cuda.get_device_name()
-        result["bf16_matmul_peak_gflops"] = peak = matmul_peak(torch.bfloat16, n=8192, repeats=10, device=device)
-        print(f"{result['card']}: bf16 matmul peak {peak:,.0f} GFLOP/s", flush=True)
+        peak, result["peak_source"] = mfu.bf16_peak(device)
+        result["peak_tflops"] = peak / 1e12
+        measured = mfu.matmul_peak(torch.bfloat16, n=8192, repeats=10, device=device)
+        result["bf16_matmul_measured_tflops"] = measured / 1e3
+        print(
+            f"{result['card']}: bf16 peak {peak / 1e12:,.0f} TFLOP/s ({result['peak_source']}), "
+            f"measured {measured / 1e3:,.0f}",
+            flush=True,
+        )
     train = load_split(base.data, base.data.train_split)
     tok = train_tokenizer(base.tokenizer, train)
-    data = encode_corpus(train, tok, base.data.max_len, str(args.runs / ".cache"))
-    updates = first_updates(data, base, 2 if args.quick else 8)
+    data = encode_corpus(train, tok, base.data.max_len, str(runs / ".cache"))
+    updates = first_updates(data, base, 2 if args.quick else BLOCK)
     warmup = 2 * len(updates) + 2  # every shape run eagerly once and captured once, then a steady update or two
 
-    def systems(which: dict[str, dict[str, Any]]) -> dict[str, System]:
-        """The systems of ``which`` that run on this device (compile and CUDA graphs only on CUDA)."""
-        runs = {
-            n: t for n, t in which.items() if device.type == "cuda" or not (t.get("cuda_graphs") or t.get("compile"))
-        }
-        return {
-            n: System(replace(base, train=replace(base.train, **t)), tok, data, updates, device)
-            for n, t in runs.items()
-        }
-
-    def marian() -> Callable[[int], None]:
-        from bench import train_speed  # needs transformers, the peer: only when it is installed
-
-        batches = [
-            w.batches[0][0].to(device)
-            for w in (System(base, tok, data, updates, device).work(r) for r in range(len(updates)))
+    def on_device(names: list[str]) -> list[str]:
+        """The systems of ``names`` that run on this device (CUDA graphs and compilation on CUDA only)."""
+        return [
+            n
+            for n in names
+            if device.type == "cuda" or not (SYSTEMS[n][0].get("cuda_graphs") or SYSTEMS[n][0].get("compile"))
         ]
-        return train_speed.build("marian", base, tok, batches, resolve_precision(base.precision, device), device)
 
-    def levers(names: list[str]) -> dict[str, Any]:
-        found: dict[str, Callable[[int], None]] = {"default": System(base, tok, data, updates, device)}
-        found |= systems({n: SYSTEMS[n] for n in names if n != "default"})
+    def system(name: str) -> System:
+        sets, levers, whole = SYSTEMS[name]
+        return System(replace(base, train=replace(base.train, **sets)), tok, data, updates, device, levers, whole)
+
+    def training(names: list[str]) -> dict[str, Any]:
+        found: dict[str, Runner] = {n: system(n) for n in ["levers off", *on_device(names)]}
         if importlib.util.find_spec("transformers"):
-            found["marian"] = marian()
-        return measure(found, data, updates, warmup, rounds)
+            found["marian"] = Marian(base, tok, found["levers off"].works, device)
+        rows = measure(found, found["levers off"].works, warmup, rounds, peak)
+        del found  # the systems' models, optimizers and graph pools go before the next section
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return rows
+
+    def starts() -> dict[str, Any]:
+        sets = [*shape, "train.peak_lr=0.0007", "train.warmup=200"]  # a schedule short enough that best/ translates
+        if device.type != "cuda":
+            sets += ["device=cpu", "train.cuda_graphs=false", "train.compile=false"]
+        out = {"cold": train_run("cold", args.data, runs, steps, sets, cold_cache)}
+        out["warm"] = train_run("warm", args.data, runs, 2 if args.quick else 100, sets, cold_cache)
+        return out
 
     def profiles() -> dict[str, Any]:
         out = {}
-        for name, system in systems({n: SYSTEMS[n] for n in args.profile.split(",")}).items():
-            for r in range(warmup):
-                system(r)
+        for name in on_device(args.profile.split(",")) or ["levers off"]:
+            s = system(name)
+            s.run(0, warmup)
             print(f"profile, {name}:", flush=True)
-            out[name] = profile(system, warmup, 3)
+            out[name] = profile(s, warmup, 3)
         return out
 
-    def trains() -> dict[str, Any]:
-        off = [f"train.{k}={json.dumps(v)}" for k, v in LEVERS_OFF.items()]
-        extra = shape + ["train.eval_sentences=16"] * args.quick
-        if device.type != "cuda":
-            extra += ["train.cuda_graphs=false", "train.compile=false"]
-        out = {}
-        for label, name, sets in (
-            ("levers off", "levers-off", off + extra),
-            ("levers on (as configs/base-gpu.yaml)", "levers-on", extra),
-        ):
-            try:  # one failing run must not lose the other's figures
-                out[label] = train_run(name, args.data, args.runs, steps, args.device, sets)
-            except RuntimeError as e:
-                out[label] = {"error": str(e)}
-                print(f"  {name}: failed: {e}", flush=True)
-        return out
-
-    chosen = [n for n in args.levers.split(",") if n]
     sections = {
+        "start": starts,
+        "levers": lambda: training(SECTIONS["levers"]),
+        "compile": lambda: training(SECTIONS["compile"]),
+        "decode": lambda: decode_grid(args.checkpoint or runs / "cold" / "best", args.data, device, args.quick),
         "profile": profiles,
-        "levers": lambda: levers([n for n in chosen if "compile" not in n]),
-        "compile": lambda: levers([n for n in chosen if "compile" in n]),
-        "train": trains,
+        "whole": lambda: training(SECTIONS["whole"]),
     }
     run_sections(sections, args.sections.split(","), result, args.json)
 
