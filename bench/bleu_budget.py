@@ -24,8 +24,9 @@ import torch
 from bench.common import DEFAULT_DATA, ROOT
 from bench.marian_peer import build_marian, marian_logits
 from transformer import checkpoint
-from transformer.config import Config, load
-from transformer.decoding.translator import Translator
+from transformer.config import Config
+from transformer.config_file import load
+from transformer.decoding.translator import TranslateOptions, Translator
 from transformer.scoring import score
 from transformer.text.batching import collate, encode_corpus, make_batches, source_tensor
 from transformer.text.corpus import load_split
@@ -48,12 +49,10 @@ def train_tfm(cfg, minutes: float) -> tuple[Path, int]:
 
 def evaluate_tfm(ckpt: Path, src: list[str], refs: list[str], beam: int) -> tuple[float, float, float]:
     """(BLEU, chrF, seconds) of a tfm checkpoint on the test split."""
-    loaded = checkpoint.load(ckpt)
-    decode = dataclasses.replace(loaded.cfg.decode, beam=beam, nbest=1)
-    t = Translator(loaded.model, loaded.tokenizer, decode, loaded.cfg.model.max_positions, torch.device("cpu"))
+    t = Translator.from_checkpoint(ckpt, TranslateOptions("cpu", beam=beam, nbest=1))
     start = time.perf_counter()
     hyps = [x.best for x in t.translate(src)]
-    s = score(hyps, refs, loaded.cfg.data.tgt_lang)
+    s = score(hyps, refs, t.checkpoint.cfg.data.tgt_lang)
     return s.bleu, s.chrf, time.perf_counter() - start
 
 

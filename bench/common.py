@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-from transformer.config import Config, load
+from transformer.config import Config
+from transformer.config_file import load
 from transformer.process import OMP_KEYS, SHARED_CPU
 
 ROOT = Path(__file__).resolve().parent.parent

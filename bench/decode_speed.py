@@ -44,7 +44,7 @@ from bench.marian_peer import build_marian, copy_tfm_weights
 from transformer import checkpoint
 from transformer.config import DecodeConfig
 from transformer.decoding.search import max_output_lengths
-from transformer.decoding.translator import Translator
+from transformer.decoding.translator import TranslateOptions, Translator
 from transformer.export.write import export
 from transformer.scoring import score
 from transformer.text.batching import source_tensor
@@ -63,15 +63,12 @@ class Setting:
 
 def tfm_decoder(loaded: checkpoint.Loaded, precision: str = "fp32", device: str = "cpu") -> Decoder:
     """tfm's Translator (one for each beam size asked for); each call's lines form one batch."""
-    model = loaded.model.to(device)
     made: dict[int, Translator] = {}
 
     def decode(lines: list[str], beam: int) -> list[str]:
         if beam not in made:
-            settings = replace(loaded.cfg.decode, batch_tokens=10**9, beam=beam, nbest=1)
-            made[beam] = Translator(
-                model, loaded.tokenizer, settings, loaded.cfg.model.max_positions, torch.device(device), precision
-            )
+            options = TranslateOptions(device, precision, beam=beam, nbest=1, batch_tokens=10**9)
+            made[beam] = Translator.from_checkpoint(loaded, options)
         return [x.best for x in made[beam].translate_chunk(lines)]
 
     return decode

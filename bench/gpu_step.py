@@ -53,10 +53,11 @@ from bench import decode_speed, train_speed
 from bench.common import DEFAULT_DATA, ROOT, interleave, machine, median, paired_ratio, run_sections
 from bench.marian_peer import build_marian
 from transformer import checkpoint
-from transformer.config import Config, load
-from transformer.device import PRECISIONS, resolve_precision
+from transformer.config import Config
+from transformer.config_file import load
 from transformer.export.write import export
 from transformer.model.transformer import build_model
+from transformer.precision import PRECISIONS, training_precision
 from transformer.text.batching import EncodedCorpus, encode_corpus, make_batches
 from transformer.text.corpus import load_split
 from transformer.text.tokenizer import Tokenizer, train_tokenizer
@@ -138,7 +139,7 @@ class System:
         self.device = device
         torch.manual_seed(cfg.seed)
         model = build_model(cfg.model, tok.vocab_size, tok.pad_id).to(device).train()
-        self.cfg = replace(cfg, precision=resolve_precision(cfg.precision, device))
+        self.cfg = replace(cfg, precision=training_precision(cfg.precision, device))
         opt = make_optimizer(model, cfg.train, device)
         scaler = torch.amp.GradScaler(device.type, enabled=PRECISIONS[self.cfg.precision].loss_scaling)
         self.updater = Updater(self.cfg, device, model, model, opt, scaler, levers)
@@ -183,7 +184,7 @@ class Marian:
         peer = build_marian(cfg.model, tok).to(device).train()
         opt = train_speed.optimizer(peer, cfg, device=device)  # Adam as the Trainer makes it (fused on CUDA)
         batches = [w.batches[0][0].to(device) for w in works]
-        precision = resolve_precision(cfg.precision, device)
+        precision = training_precision(cfg.precision, device)
         self.step = train_speed.marian_step(peer, opt, batches, precision, cfg, tok.pad_id, device, sync=False)
         self.device = device
 

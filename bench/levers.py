@@ -3,12 +3,16 @@
 "Without" is switched through the library's public API or the environment, never by patching it:
 PyTorch's per-tensor Adam, nn.Dropout in place of model.speed.Dropout, whole logits scored by
 ``label_smoothed_nll``, libgomp's OpenMP defaults (each side a process of its own), batches in input
-order, torch's topk in place of the block-wise one, the decoder's matrices as stored, and the model's own
-decoding step in place of the lean one. A speedup above 1 means the lever wins; decoding levers also report
+order, torch's topk in place of the block-wise one, the decoder's matrices as stored, and encoder-decoder
+attention unfolded. A speedup above 1 means the lever wins; decoding levers also report
 whether outputs stayed the same. A lever that can no longer be switched off is measured once, recorded in
 bench/results/, and left out of this suite.
 
-Run: python -m bench.levers --checkpoint DIR [--data DIR] [--quick] [--sections levers,contended,compile]
+Sections: levers (all of them but compile), steps (the decoding step's levers alone, more rounds), contended,
+compile.
+
+Run: python -m bench.levers --checkpoint DIR [--data DIR] [--quick] [--sections levers,steps,contended,compile]
+[--json PATH]
 """
 
 from __future__ import annotations
@@ -27,15 +31,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bench.common import DEFAULT_DATA, ROOT, interleave, median, paired_ratio, shape_config
+from bench.common import DEFAULT_DATA, ROOT, interleave, machine, median, paired_ratio, shape_config
 from bench.train_speed import bench_batches, model_factory, optimizer, tfm_step
 from transformer import checkpoint
 from transformer.config import Config, DataConfig
-from transformer.decoding.int8 import int8_copy
-from transformer.decoding.lean_step import LeanDecoding
 from transformer.decoding.search import beam_search, greedy_search
-from transformer.decoding.speed import for_cpu_decoding, row_topk
+from transformer.decoding.topk import row_topk
 from transformer.model.speed import Dropout
+from transformer.precision import decoding_model
 from transformer.process import OMP_KEYS, SHARED_CPU
 from transformer.text.batching import Batch, source_tensor
 from transformer.text.corpus import load_split
@@ -180,7 +183,7 @@ def repeated(f: Callable[[Tensor], tuple[Tensor, Tensor]], x: Tensor, calls: int
 
 
 def search_kernels(loaded: checkpoint.Loaded, lines: list[str], rounds: int, calls: int = 200) -> list[dict[str, Any]]:
-    """The block-wise top-k of transformer.decoding.speed against torch's topk, ``calls`` calls a round.
+    """The block-wise top-k of transformer.decoding.topk against torch's topk, ``calls`` calls a round.
 
     On the checkpoint's own next-token log-probs (its first 8 greedy steps over 32 test sentences), in
     the shape beam search scores them: beam 5 over 32 sentences takes the top 10 of 160 rows.
@@ -243,61 +246,60 @@ def decoding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[d
     return [lever_row("sort by length before batching", "greedy, batch 32", times, outs["without"] == outs["with"])]
 
 
-def step_layout(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[dict[str, Any]]:
-    """Greedy search one sentence at a time, where a step's few rows make reading the weights and calling the
-    layers weigh most: the decoder's matrices and output table as stored, then laid out for decoding steps
-    (for_cpu_decoding), then that model stepped by the lean step (LeanDecoding), as the Translator decodes."""
-    tok, model = loaded.tokenizer, loaded.model.eval()
-    laid_out = for_cpu_decoding(model, torch.get_num_threads())
-    models = {"stored": model, "laid out": laid_out, "lean": LeanDecoding(laid_out)}
+def one_at_a_time(
+    loaded: checkpoint.Loaded, lines: list[str], rounds: int, models: dict[str, nn.Module], pairs: dict[str, tuple]
+) -> list[dict[str, Any]]:
+    """Greedy and beam 5 search one sentence at a time through ``models``, alternated round by round (16 lines a
+    round), after an untimed greedy pass of every model over every line; a row for each lever of ``pairs``: its
+    name -> (the model without it, the model with it)."""
+    tok = loaded.tokenizer
     ids = tok.encode_batch(lines)
-    chunks = [ids[k : k + 16] for k in range(0, len(ids), 16)][:rounds]  # 16 lines a round
-    s, e = tok.start_id, tok.end_id
-
-    def by_line(m: nn.Module) -> Callable[[int], list[list[int]]]:
-        return lambda r: [greedy_search(m, source_tensor([x], tok), s, e)[0].tokens for x in chunks[r]]
-
-    outs: dict[str, dict[int, Any]] = {k: {} for k in models}
-    times = interleave({k: recording(by_line(m), outs[k]) for k, m in models.items()}, len(chunks))
-    pairs = {
-        "decoder laid out for decoding steps (CPU fp32)": ("stored", "laid out"),
-        "lean decoding step (CPU)": ("laid out", "lean"),
-    }
-    return [
-        lever_row(lever, "greedy, batch 1", {"without": times[a], "with": times[b]}, outs[a] == outs[b])
-        for lever, (a, b) in pairs.items()
-    ]
-
-
-def cross_folding(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[dict[str, Any]]:
-    """Greedy and beam 5 search one sentence at a time through the lean step, cross-attention as SDPA over K and V
-    and folded into its float projections (decoding.cross_fold), as the Translator decodes in fp32 and int8 on the
-    CPU. int8's outputs may differ: folded, its cross-attention projections are the fp32 ones."""
-    tok, model = loaded.tokenizer, loaded.model.eval()
-    laid_out, q = for_cpu_decoding(model, torch.get_num_threads()), int8_copy(model)
-    pairs = {
-        "fp32": {"without": LeanDecoding(laid_out), "with": LeanDecoding(laid_out, fold=model)},
-        "int8": {"without": LeanDecoding(q), "with": LeanDecoding(q, fold=model)},
-    }
-    ids = tok.encode_batch(lines)
-    chunks = [ids[k : k + 16] for k in range(0, len(ids), 16)][:rounds]  # 16 lines a round
+    chunks = [ids[k : k + 16] for k in range(0, len(ids), 16)][:rounds]
     s, e = tok.start_id, tok.end_id
     searches: dict[str, Callable[[nn.Module, Tensor], list[int]]] = {
         "greedy, batch 1": lambda m, src: greedy_search(m, src, s, e)[0].tokens,
         "beam 5, batch 1": lambda m, src: beam_search(m, src, s, e, beam=5)[0][0].tokens,
     }
+    for m in models.values():  # a new source length builds oneDNN kernels once for all: not on the clock of the first
+        for x in sum(chunks, []):
+            searches["greedy, batch 1"](m, source_tensor([x], tok))
     rows = []
-    for precision, models in pairs.items():
-        for workload, search in searches.items():
+    for workload, search in searches.items():
 
-            def by_line(m: nn.Module, search=search) -> Callable[[int], list[list[int]]]:
-                return lambda r: [search(m, source_tensor([x], tok)) for x in chunks[r]]
+        def by_line(m: nn.Module, search=search) -> Callable[[int], list[list[int]]]:
+            return lambda r: [search(m, source_tensor([x], tok)) for x in chunks[r]]
 
-            outs: dict[str, dict[int, Any]] = {k: {} for k in models}
-            times = interleave({k: recording(by_line(m), outs[k]) for k, m in models.items()}, len(chunks))
-            same = outs["without"] == outs["with"]
-            rows.append(lever_row(f"cross-attention folded (CPU {precision})", workload, times, same))
+        outs: dict[str, dict[int, Any]] = {k: {} for k in models}
+        times = interleave({k: recording(by_line(m), outs[k]) for k, m in models.items()}, len(chunks))
+        for lever, (a, b) in pairs.items():
+            rows.append(lever_row(lever, workload, {"without": times[a], "with": times[b]}, outs[a] == outs[b]))
     return rows
+
+
+def step_levers(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[dict[str, Any]]:
+    """The modules decoding swaps into the model on a CPU, each measured alone inside the model's one step, as the
+    Translator decodes: the decoder's matrices and output table laid out for a step's few rows (StepLinear), the
+    copy's modules called straight through their forward (called_directly), and encoder-decoder attention folded into
+    its float projections in fp32 and int8 (int8's outputs may differ: folded,
+    its encoder-decoder projections are the fp32 ones). "same model" is the model against itself: the noise."""
+    model, cpu = loaded.model.eval(), torch.device("cpu")
+    models = {
+        "stored": model,
+        "stored again": model,
+        "laid out": decoding_model(model, "fp32", cpu, fold=False, direct=False),
+        "called directly": decoding_model(model, "fp32", cpu, fold=False),
+        "fp32 folded": decoding_model(model, "fp32", cpu),
+        "int8": decoding_model(model, "int8", cpu, fold=False),
+        "int8 folded": decoding_model(model, "int8", cpu),
+    }
+    pairs = {
+        "same model (the noise of this measurement)": ("stored", "stored again"),
+        "decoder laid out for decoding steps (CPU fp32)": ("stored", "laid out"),
+        "decoding copy's modules called directly (CPU fp32)": ("laid out", "called directly"),
+        "cross-attention folded (CPU fp32)": ("called directly", "fp32 folded"),
+        "cross-attention folded (CPU int8)": ("int8", "int8 folded"),
+    }
+    return one_at_a_time(loaded, lines, rounds, models, pairs)
 
 
 def measure(loaded: checkpoint.Loaded, data: str, lines: list[str], quick: bool, cache: str) -> list[dict[str, Any]]:
@@ -310,8 +312,7 @@ def measure(loaded: checkpoint.Loaded, data: str, lines: list[str], quick: bool,
         + training(cfg, loaded.tokenizer, batches, rounds)
         + search_kernels(loaded, lines, rounds)
         + decoding(loaded, lines, rounds)
-        + step_layout(loaded, lines, rounds)
-        + cross_folding(loaded, lines, rounds)
+        + step_levers(loaded, lines, rounds)
     )
 
 
@@ -331,7 +332,8 @@ def main() -> None:
     parser.add_argument("--checkpoint", type=Path, required=True, help="a trained small checkpoint")
     parser.add_argument("--data", default=DEFAULT_DATA, help="Multi30k folder")
     parser.add_argument("--quick", action="store_true", help="fewer rounds")
-    parser.add_argument("--sections", default="levers", help="any of levers,contended,compile")
+    parser.add_argument("--sections", default="levers", help="any of levers,steps,contended,compile")
+    parser.add_argument("--json", type=Path, help="also write the rows here, with the command and the machine")
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "bench", help="scratch folder (token cache)")
     args = parser.parse_args()
     sections = set(args.sections.split(","))
@@ -340,6 +342,8 @@ def main() -> None:
     rows = []
     if "levers" in sections:
         rows += measure(loaded, args.data, lines, args.quick, str(args.runs / ".cache"))
+    if "steps" in sections:
+        rows += step_levers(loaded, lines, 4 if args.quick else 12)
     if "contended" in sections:
         rows += omp_waiting(str(args.checkpoint), args.data, 2 if args.quick else 4, 3)
     if "compile" in sections:
@@ -348,6 +352,9 @@ def main() -> None:
         rows.append(compiled(cfg, loaded.tokenizer, batches, 4 if args.quick else 8))
     print(f"{'':<60} {'with s':>10} {'without s':>10} {'speedup':>7}")
     print("\n".join(row_line(r) for r in rows))
+    if args.json:
+        record = {"command": " ".join(sys.argv), "machine": machine(), "rows": rows}
+        args.json.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

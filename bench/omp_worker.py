@@ -14,14 +14,13 @@ import json
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from transformer import checkpoint
 from transformer.decoding.search import beam_search
-from transformer.decoding.translator import Translator
+from transformer.decoding.translator import TranslateOptions, Translator
 from transformer.text.batching import collate, encode_corpus, make_batches, source_tensor
 from transformer.text.corpus import load_split
 from transformer.training.loss import label_smoothed_nll
@@ -43,8 +42,7 @@ def main(ckpt: str, data: str) -> None:
     beam_search(model, src, tok.start_id, tok.end_id, beam=5)
     decode_s = time.perf_counter() - start
 
-    beam5 = replace(loaded.cfg.decode, beam=5)
-    translator = Translator(model, tok, beam5, loaded.cfg.model.max_positions, torch.device("cpu"))
+    translator = Translator.from_checkpoint(loaded, TranslateOptions("cpu", beam=5))
     start = time.perf_counter()
     for line in SENTENCES[:8]:
         translator.translate_chunk([line])

@@ -30,7 +30,8 @@ import numpy as np
 
 from bench.common import DEFAULT_DATA, ROOT, machine, shape_config
 from bench.synthetic_wmt import generate
-from transformer.config import Config, load
+from transformer.config import Config
+from transformer.config_file import load
 from transformer.text.batching import EncodedCorpus, encode_corpus, make_batches, padded_sizes, padding_fraction
 from transformer.text.corpus import load_split
 from transformer.text.tokenizer import train_tokenizer

@@ -82,7 +82,7 @@ def _timed(work: Callable[[], object]) -> tuple[object, float]:
 
 
 def _config(out: Path) -> Config:
-    from transformer.config import load
+    from transformer.config_file import load
 
     return load(CONFIG, [f"data.path={out / 'data'}", f"run_dir={out / 'runs'}", f"name={RUN_NAME}"])
 

@@ -6,11 +6,15 @@ import dataclasses
 import json
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cli.exits import fail
-from cli.guards import check_beam, check_folder, check_input, check_reports, decode_settings
+from cli.guards import check_folder, check_input, check_reports
 from transformer.errors import WriteError
 from transformer.files import write_files
+
+if TYPE_CHECKING:
+    from transformer.decoding.translator import TranslateOptions
 
 
 def _read(path: Path) -> list[str]:
@@ -58,14 +62,12 @@ def run_eval(
     src: Path | None,
     ref: Path | None,
     hyp: Path | None,
-    beam: int | None,
     data_dir: str | None,
-    device: str,
-    precision: str,
     runs: Path,
-    output_dir: Path | None = None,
-    alphas: list[float] | None = None,
-    overwrite: bool = False,
+    output_dir: Path | None,
+    alphas: list[float] | None,
+    overwrite: bool,
+    options: TranslateOptions,
 ) -> None:
     """Print BLEU with its signature and chrF; write hypotheses and scores JSON to ``output_dir`` (default: the
     checkpoint's eval/). The scores are printed before anything is written, so a failed write loses no result.
@@ -85,17 +87,12 @@ def run_eval(
         return
     if output_dir is not None:
         check_folder(output_dir if output_dir.exists() else output_dir.parent, "--output-dir")
-    from transformer.decoding.precision import check_decoding_precision
     from transformer.decoding.translator import Translator
-    from transformer.device import resolve_device
     from transformer.text.corpus import load_split
 
-    dev = resolve_device(device)
-    check_decoding_precision(precision, dev)
     path = checkpoint or ckpt.newest(runs)
-    loaded = ckpt.load(path, dev)
-    cfg = loaded.cfg
-    check_beam(beam, loaded.tokenizer.vocab_size)
+    translator = Translator.from_checkpoint(path, options)
+    cfg, decode = translator.checkpoint.cfg, translator.decode
     if src is not None and ref is not None:
         sources, references, name = _read(src), _read(ref), src.name
         if len(sources) != len(references):
@@ -112,14 +109,10 @@ def run_eval(
             ) from None
         sources, references = list(corpus.src), list(corpus.tgt)
     alphas = alphas or [None]
-    decode = decode_settings(cfg.decode, beam=beam, nbest=1, alpha=alphas[0])
     out_dir = output_dir or path / ckpt.EVAL
     stems = [f"{name}.beam{decode.beam}" + (f".alpha{a:g}" if a is not None else "") for a in alphas]
     reports = [(out_dir / f"{stem}.hyp", out_dir / f"{stem}.json") for stem in stems]
     check_reports([r for pair in reports for r in pair], overwrite, (*ckpt.read_files(path), src, ref))
-    translator = Translator(
-        loaded.model, loaded.tokenizer, decode, cfg.model.max_positions, dev, precision, cfg.data.lowercase
-    )
     if len(alphas) == 1:
         hyps_per_alpha = [[t.best for t in translator.translate(sources)]]
     else:
@@ -138,7 +131,7 @@ def run_eval(
                 "alpha": decode.alpha if alpha is None else alpha,
                 "precision": translator.precision,
                 **scores.as_dict(),
-                "command": _command(path, split, src, ref, beam, alpha, precision, data_dir),
+                "command": _command(path, split, src, ref, options.beam, alpha, options.precision, data_dir),
             }
         )
     texts = {}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import io
 import os
 import stat
@@ -15,7 +14,7 @@ from typing import Any, Callable
 import typer
 
 from cli.exits import fail
-from transformer.config import DecodeConfig, check_decode, out_of_range
+from transformer.config import out_of_range
 from transformer.files import cannot_write, check_apart
 from transformer.manifest import is_own
 
@@ -109,21 +108,9 @@ def check_stdout(inputs: Iterable[Path | None] = ()) -> None:
                 fail(f"standard output is the file '{source}', which this command reads; redirect it elsewhere")
 
 
-def check_beam(beam: int | None, vocab_size: int) -> None:
-    """A beam no wider than the vocabulary: a wider one keeps hypotheses that can only repeat the vocabulary."""
-    if beam is not None and beam > vocab_size:
-        fail(f"--beam {beam} is larger than the model's vocabulary ({vocab_size:,} tokens); use at most {vocab_size}")
-
-
 def write_failed(path: Path | str, e: OSError) -> None:
     """One line for an output that could not be written (a full disk, a closed pipe, a read-only file system)."""
     fail(str(cannot_write(path, e)))
-
-
-def decode_settings(decode: DecodeConfig, **given: Any) -> DecodeConfig:
-    """The checkpoint's decode settings with the flags the user gave (None: not given), checked together: the one
-    value in which a translation's settings reach the Translator (the loaded config is left as it was)."""
-    return check_decode(dataclasses.replace(decode, **{k: v for k, v in given.items() if v is not None}))
 
 
 def within(key: str) -> Callable[[typer.CallbackParam, Any], Any]:

@@ -53,7 +53,7 @@ def train(
 ) -> None:
     """Train a model; checkpoints go to runs/<name>/."""
     with user_errors():
-        from transformer.config import load
+        from transformer.config_file import load
 
         overrides = list(set_) + ([f"data.path={data_dir}"] if data_dir else [])
         cfg = load(config, overrides)  # a config error stops here, once, before any process starts
@@ -103,22 +103,12 @@ def translate(
 ) -> None:
     """Translate a sentence, a file or stdin with a trained checkpoint."""
     from cli.translate_cmd import run_translate
+    from transformer.decoding.translator import TranslateOptions
 
     with user_errors():
-        run_translate(
-            text,
-            checkpoint,
-            input_,
-            output,
-            1 if greedy else beam,
-            nbest,
-            batch_tokens,
-            device,
-            precision,
-            runs,
-            overwrite,
-            alpha,
-        )
+        beam = 1 if greedy else beam
+        options = TranslateOptions(device, precision, beam=beam, nbest=nbest, alpha=alpha, batch_tokens=batch_tokens)
+        run_translate(text, checkpoint, input_, output, runs, overwrite, options)
 
 
 @app.command()
@@ -144,9 +134,11 @@ def serve(
     """Serve a checkpoint over HTTP: POST /translate (JSON), GET /health, GET /info, and a page at / that shows
     the attention (needs the serve extra)."""
     from cli.serve_cmd import run_serve
+    from transformer.decoding.translator import TranslateOptions
 
     with user_errors():
-        run_serve(checkpoint, host, port, device, precision, batch_tokens, max_wait_ms, runs)
+        options = TranslateOptions(device, precision, nbest=1, batch_tokens=batch_tokens)
+        run_serve(checkpoint, host, port, max_wait_ms, runs, options)
 
 
 @app.command(name="eval")
@@ -180,13 +172,13 @@ def eval_(
 ) -> None:
     """Translate the test split and print sacreBLEU (with its signature) and chrF."""
     from cli.eval_cmd import run_eval
+    from transformer.decoding.translator import TranslateOptions
 
     with user_errors():
         if (src is None) != (ref is None) and hyp is None:
             fail("--src and --ref go together; give both, or neither to use the config's test split")
-        run_eval(
-            checkpoint, split, src, ref, hyp, beam, data_dir, device, precision, runs, output_dir, alpha, overwrite
-        )
+        options = TranslateOptions(device, precision, beam=beam, nbest=1, alpha=alpha[0] if alpha else None)
+        run_eval(checkpoint, split, src, ref, hyp, data_dir, runs, output_dir, alpha, overwrite, options)
 
 
 @app.command()

@@ -17,9 +17,9 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from cli.exits import fail
-from cli.guards import decode_settings
 
 if TYPE_CHECKING:
+    from transformer.decoding.translator import TranslateOptions
     from transformer.serving.checks import Limits
 
 EXTRA = "tfm serve needs starlette and uvicorn (the serve extra); pip install starlette uvicorn"
@@ -55,14 +55,7 @@ def _stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 
 def run_serve(
-    checkpoint: Path | None,
-    host: str,
-    port: int,
-    device: str,
-    precision: str,
-    batch_tokens: int | None,
-    max_wait_ms: float,
-    runs: Path,
+    checkpoint: Path | None, host: str, port: int, max_wait_ms: float, runs: Path, options: TranslateOptions
 ) -> None:
     """Serve ``checkpoint`` on ``host:port`` until stopped; every check comes before the model is loaded."""
     try:
@@ -72,34 +65,21 @@ def run_serve(
     except ImportError:
         fail(EXTRA)
     from transformer import checkpoint as ckpt
-    from transformer.decoding.precision import check_decoding_precision
     from transformer.decoding.translator import Translator
-    from transformer.device import resolve_device
     from transformer.serving.batcher import Batcher
     from transformer.serving.checks import Limits
 
     if not 0 <= max_wait_ms <= 1000:
         fail(f"--max-wait-ms {max_wait_ms} is out of range; give 0 to 1000 (a few ms joins concurrent requests)")
-    dev = resolve_device(device)
-    check_decoding_precision(precision, dev)
     sock = _bind(host, port)
     try:
-        served: list[ckpt.Loaded] = []  # the checkpoint the Batcher's thread loads, for the app
-
-        def load() -> Translator:
-            loaded = ckpt.load(checkpoint or ckpt.newest(runs), dev)
-            served.append(loaded)
-            cfg = loaded.cfg
-            decode = decode_settings(cfg.decode, nbest=1, batch_tokens=batch_tokens)
-            return Translator(
-                loaded.model, loaded.tokenizer, decode, cfg.model.max_positions, dev, precision, cfg.data.lowercase
-            )
-
         limits = Limits()
-        batcher = Batcher(load, max_wait_ms / 1000, limits.max_pending)
+        path = checkpoint or ckpt.newest(runs)
+        batcher = Batcher(lambda: Translator.from_checkpoint(path, options), max_wait_ms / 1000, limits.max_pending)
         try:
-            app = create_app(served[0], batcher, limits)
-            _serve(app, sock, limits, f"serving {served[0].path} on")
+            served = batcher.translator.checkpoint
+            app = create_app(served, batcher, limits)
+            _serve(app, sock, limits, f"serving {served.path} on")
         finally:
             batcher.close()
     finally:

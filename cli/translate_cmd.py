@@ -6,18 +6,14 @@ import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import IO, Iterable, Iterator
+from typing import IO, TYPE_CHECKING, Iterable, Iterator
 
 from cli.exits import fail
-from cli.guards import (
-    check_beam,
-    check_input,
-    check_output,
-    check_stdout,
-    decode_settings,
-    write_failed,
-)
+from cli.guards import check_input, check_output, check_stdout, write_failed
 from transformer.errors import out_of_memory
+
+if TYPE_CHECKING:
+    from transformer.decoding.translator import TranslateOptions
 
 
 def _lines(stream: Iterable[bytes], name: str) -> Iterator[str]:
@@ -52,44 +48,24 @@ def run_translate(
     checkpoint: Path | None,
     input_: Path | None,
     output: Path | None,
-    beam: int | None,
-    nbest: int,
-    batch_tokens: int | None,
-    device: str,
-    precision: str,
     runs: Path,
-    overwrite: bool = False,
-    alpha: float | None = None,
+    overwrite: bool,
+    options: TranslateOptions,
 ) -> None:
     """Translate ``text``, ``--input`` or stdin into ``--output`` or stdout; every check comes before any work."""
     from transformer import checkpoint as ckpt
-    from transformer.decoding.precision import check_decoding_precision
     from transformer.decoding.translator import Translator
-    from transformer.device import resolve_device
 
     if text is not None and input_ is not None:
         fail("give either a sentence or --input FILE, not both")
     if input_ is not None:
         check_input(input_)
-    dev = resolve_device(device)
-    check_decoding_precision(precision, dev)
     path = checkpoint or ckpt.newest(runs)
     if output is not None:
         check_output(output, overwrite, (input_, *ckpt.read_files(path)))
     else:
         check_stdout((input_, *ckpt.read_files(path)))
-    loaded = ckpt.load(path, dev)
-    check_beam(beam, loaded.tokenizer.vocab_size)
-    decode = decode_settings(loaded.cfg.decode, beam=beam, nbest=nbest, batch_tokens=batch_tokens, alpha=alpha)
-    translator = Translator(
-        loaded.model,
-        loaded.tokenizer,
-        decode,
-        loaded.cfg.model.max_positions,
-        dev,
-        precision,
-        loaded.cfg.data.lowercase,
-    )
+    translator = Translator.from_checkpoint(path, options)
     with contextlib.ExitStack() as stack:
         if text is not None:
             lines: Iterator[str] = _lines([os.fsencode(text)], "the sentence")  # argv keeps bad bytes as surrogates
@@ -98,7 +74,7 @@ def run_translate(
         else:
             lines = _lines(sys.stdin.buffer, "stdin")
         count, interrupted = _translate_into(
-            output, translator.translate(lines, chunk=1 if text is not None else 1000), decode.nbest
+            output, translator.translate(lines, chunk=1 if text is not None else 1000), translator.decode.nbest
         )
     if interrupted:
         print(f"interrupted: {count} complete lines written", file=sys.stderr)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from tiny import ROOT
 
-from transformer import config
+from transformer import config, config_file
 from transformer.text.corpus import Corpus
 
 TRADITIONAL_EMOJI = ["我們明天去公園。", "我们明天去公园。🌳😀", "👨‍👩‍👧 喜歡 🍜！", "𠀀𪚥𠮷"]
@@ -40,7 +40,7 @@ def one_line_error(excinfo: pytest.ExceptionInfo) -> str:
 
 def tatoeba_config(direction: str, path: Path, *overrides: str) -> config.Config:
     """configs/tatoeba-<direction>.yaml reading the corpus at ``path``."""
-    return config.load(ROOT / "configs" / f"tatoeba-{direction}.yaml", [f"data.path={path}", *overrides])
+    return config_file.load(ROOT / "configs" / f"tatoeba-{direction}.yaml", [f"data.path={path}", *overrides])
 
 
 def has_cjk(text: str) -> bool:

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import urlsplit
 
-import torch
 from cli_helpers import Proc
 
 from transformer.serving.checks import Limits
@@ -87,12 +86,9 @@ def in_thread(app: Any, limits: Limits | None = None) -> Iterator[str]:
 
 def translator_of(loaded: Any, kind: type | None = None) -> Any:
     """A Translator (or the subclass ``kind``) of a loaded checkpoint on the CPU, with its own decode settings."""
-    from transformer.decoding.translator import Translator
+    from transformer.decoding.translator import TranslateOptions, Translator
 
-    cfg = loaded.cfg
-    return (kind or Translator)(
-        loaded.model, loaded.tokenizer, cfg.decode, cfg.model.max_positions, torch.device("cpu")
-    )
+    return (kind or Translator).from_checkpoint(loaded, TranslateOptions("cpu"))
 
 
 @contextlib.contextmanager

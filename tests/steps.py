@@ -11,6 +11,6 @@ def step_logits(model, src: torch.Tensor, tokens: torch.Tensor, beam: int) -> to
         state = model.start_state(*model.encode(src))
         out = [model.decode_step(tokens[: src.size(0), 0], state)]
         if beam > 1:
-            state.select(torch.arange(src.size(0)).repeat_interleave(beam), beam=beam)
+            state.select(torch.arange(src.size(0)).repeat_interleave(beam))
         out += [model.decode_step(tokens[:, t], state) for t in range(1, tokens.size(1))]
     return torch.cat(out)

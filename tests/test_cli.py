@@ -6,7 +6,6 @@ import re
 import shlex
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,9 +17,9 @@ from tiny import QUICKSTART, ROOT, SAMPLE, TINY_SETS, assert_resumable, run_trai
 from typer.testing import CliRunner
 
 from cli.main import app
-from transformer import checkpoint, config
+from transformer import checkpoint, config_file
 from transformer.config import DataConfig
-from transformer.decoding.translator import Translator
+from transformer.decoding.translator import TranslateOptions, Translator
 from transformer.text.corpus import load_split
 from transformer.training import update
 
@@ -270,7 +269,7 @@ def train_tiny(folder: Path, pairs: list[tuple[str, str]], src: str, tgt: str) -
     for split in ("train", "valid"):
         (folder / f"{split}.tsv").write_text("".join(f"{e}\t{z}\n" for e, z in pairs), encoding="utf-8")
     steps = 80
-    cfg = config.from_dict(
+    cfg = config_file.from_dict(
         {
             "name": f"{src}-{tgt}",
             "run_dir": str(folder / "runs"),
@@ -315,9 +314,7 @@ def zh_en_model(tmp_path_factory: pytest.TempPathFactory, chinese_pairs: list[tu
 
 
 def test_tiny_en_zh_model_reproduces_32_pairs_exactly(en_zh_model: Path, chinese_pairs: list[tuple[str, str]]) -> None:
-    loaded = checkpoint.load(en_zh_model)
-    greedy = replace(loaded.cfg.decode, beam=1)
-    translator = Translator(loaded.model, loaded.tokenizer, greedy, 128, torch.device("cpu"))
+    translator = Translator.from_checkpoint(en_zh_model, TranslateOptions("cpu", beam=1))
     out = [t.best for t in translator.translate([e for e, _ in chinese_pairs])]
     assert [(e, z, o) for (e, z), o in zip(chinese_pairs, out) if z != o] == []
 
@@ -363,7 +360,7 @@ def test_ctrl_c_while_loading_exits_130_without_a_traceback(monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(config, "load", interrupted)
+    monkeypatch.setattr(config_file, "load", interrupted)
     r = CliRunner().invoke(app, ["train", "--config", str(QUICKSTART)])
     assert r.exit_code == 130 and r.stderr.strip() == "interrupted"
 
@@ -417,6 +414,7 @@ BAD_CONFIGS = {
     ),
     "missing-data": (["--set=data.path={tmp}/none"], "missing train.de[.gz], train.en[.gz] in {tmp}/none"),
     "fp16-on-cpu": (["--set=precision=fp16"], "precision: fp16 needs a CUDA GPU but the device is cpu"),
+    "fp8": (["--set=precision=fp8"], "precision 'fp8' is not one of fp32, bf16, fp16, auto; pick one of them"),
     "cuda-without-cuda": (["--set=device=cuda"], "device: cuda but this machine has no CUDA GPU"),
 }
 

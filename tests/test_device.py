@@ -1,48 +1,10 @@
-"""Device and precision names: precision: auto per device, unknown names refused."""
+"""Device names: auto, cpu, cuda, cuda:N, mps; unknown or absent devices refused in one line."""
 
 import pytest
 import torch
 
-from transformer.device import check_precision, resolve_device, resolve_precision
+from transformer.device import resolve_device
 from transformer.errors import ConfigError
-
-
-@pytest.mark.parametrize(
-    "capability, precision", [((9, 0), "bf16"), ((8, 0), "bf16"), ((7, 5), "fp16"), ((7, 0), "fp16")]
-)
-def test_auto_precision_on_cuda_is_bf16_from_ampere_and_fp16_before(capability, precision, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
-    assert resolve_precision("auto", torch.device("cuda")) == precision
-
-
-@pytest.mark.parametrize("amx, precision", [(True, "bf16"), (False, "fp32")])
-def test_auto_precision_on_a_cpu_is_bf16_with_amx_and_fp32_unmeasured(amx, precision, monkeypatch):
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
-    assert resolve_precision("auto", torch.device("cpu")) == precision
-    assert resolve_precision("auto", torch.device("mps"), lambda: "bf16") == "fp32"
-
-
-@pytest.mark.parametrize(
-    "amx, measured, precision", [(False, "bf16", "bf16"), (False, "fp32", "fp32"), (True, "fp32", "bf16")]
-)
-def test_auto_precision_on_a_cpu_without_amx_is_what_the_measurement_finds(amx, measured, precision, monkeypatch):
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
-    assert resolve_precision("auto", torch.device("cpu"), lambda: measured) == precision
-    assert resolve_precision("fp32", torch.device("cpu"), lambda: "bf16") == "fp32"  # only auto is measured
-
-
-def test_auto_precision_is_fp32_on_a_torch_that_cannot_tell_amx(monkeypatch):
-    monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported", raising=False)
-    assert resolve_precision("auto", torch.device("cpu")) == "fp32"
-
-
-def test_precision_names_pass_through():
-    assert [resolve_precision(p, torch.device("cpu")) for p in ("fp32", "bf16", "fp16")] == ["fp32", "bf16", "fp16"]
-
-
-def test_unknown_precision_is_a_config_error():
-    with pytest.raises(ConfigError, match="precision 'fp8' is not one of fp32, bf16, fp16"):
-        check_precision("fp8", torch.device("cpu"))
 
 
 @pytest.mark.parametrize(

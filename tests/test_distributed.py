@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +22,8 @@ from cli_helpers import last_step, run_of, train
 from events import INSTALLED, assert_events_match_log
 from tiny import ROOT, run_trainer, tiny_config
 
-from transformer import checkpoint, config
-from transformer.decoding.translator import Translator
+from transformer import checkpoint, config_file
+from transformer.decoding.translator import TranslateOptions, Translator
 from transformer.text.batching import collate, encode_corpus, make_batches
 from transformer.text.corpus import load_split
 from transformer.text.tokenizer import train_tokenizer
@@ -51,19 +50,12 @@ def _torchrun(args: list[str], launcher: list[str]) -> None:
 def _config_file(tmp_path: Path, name: str, dropout: float = 0.0) -> Path:
     cfg = tiny_config(tmp_path / "runs", name=name, model={"dropout": dropout}, train=TRAIN)
     path = tmp_path / f"{name}.yaml"
-    path.write_text(config.dump(cfg))
+    path.write_text(config_file.dump(cfg))
     return path
 
 
 def _translate(ckpt: Path, lines: list[str]) -> list[str]:
-    loaded = checkpoint.load(ckpt)
-    translator = Translator(
-        loaded.model,
-        loaded.tokenizer,
-        replace(loaded.cfg.decode, beam=1),
-        loaded.cfg.model.max_positions,
-        loaded.model.generator.weight.device,
-    )
+    translator = Translator.from_checkpoint(ckpt, TranslateOptions("cpu", beam=1))
     return [t.best for t in translator.translate(lines)]
 
 

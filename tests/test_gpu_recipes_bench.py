@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from bench.gpu_recipes import AVERAGES, DIRECTIONS, GPU, QUICK_ALPHAS, VARIANTS, main
-from transformer.config import load
+from transformer.config_file import load
 
 
 @pytest.mark.parametrize("direction", DIRECTIONS)

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from cli import eval_cmd
 from cli.main import app
-from transformer.config import load
+from transformer.config_file import load
 from transformer.errors import ConfigError
 from transformer.files import cannot_write
 

@@ -10,7 +10,7 @@ from cli_helpers import last_step, run_of, train
 from safetensors.torch import save_model
 from tiny import run_trainer, step_of, tiny_config
 
-from transformer import checkpoint, config, manifest
+from transformer import checkpoint, config_file, manifest
 from transformer.errors import TrainError
 from transformer.training import run_dir
 
@@ -197,7 +197,7 @@ def test_kill_9_then_resume_continues_from_the_last_complete_checkpoint(tmp_path
     checkpoint.load(last)
 
     messages: list[str] = []  # what `tfm train --resume` does, run here from the run's saved config
-    cfg = config.load(run / checkpoint.CONFIG, [f"train.max_steps={n + 2}"])
+    cfg = config_file.load(run / checkpoint.CONFIG, [f"train.max_steps={n + 2}"])
     step = run_trainer(cfg, resume=True, log=messages.append).state.step
     assert f"resumed from {last} at step {n}" in messages and step == n + 2
     assert any(f"removed {leftover.name}" in m for m in messages)

@@ -10,10 +10,8 @@ import threading
 import time
 
 import pytest
-import torch
 
-from transformer import checkpoint
-from transformer.decoding.translator import Translator
+from transformer.decoding.translator import TranslateOptions, Translator
 from transformer.serving.batcher import Batcher, Busy, Closed, OutOfMemory
 
 SENTENCES = ["Ein Mann fährt Fahrrad.", "Der Hund läuft im Park.", "", "Zwei Kinder spielen.", "Eine Frau liest."]
@@ -21,9 +19,7 @@ SENTENCES = ["Ein Mann fährt Fahrrad.", "Der Hund läuft im Park.", "", "Zwei K
 
 @pytest.fixture(scope="module")
 def translator(tiny_checkpoint) -> Translator:
-    loaded = checkpoint.load(tiny_checkpoint)
-    cfg = loaded.cfg
-    return Translator(loaded.model, loaded.tokenizer, cfg.decode, cfg.model.max_positions, torch.device("cpu"))
+    return Translator.from_checkpoint(tiny_checkpoint, TranslateOptions("cpu"))
 
 
 def lengths(translator: Translator, lines: list[str]) -> list[int]:

@@ -10,8 +10,8 @@ import pytest
 import torch
 from tiny import run_trainer, step_of, tiny_config
 
-from transformer import checkpoint
-from transformer.training import cpu_precision, meter, update, validation
+from transformer import checkpoint, precision
+from transformer.training import meter, update, validation
 from transformer.training import trainer as train
 from transformer.training.update import Updater
 
@@ -122,7 +122,7 @@ def test_non_finite_updates_are_skipped_counted_and_stop_training_with_a_diagnos
 def test_auto_precision_trains_as_resolved_and_the_run_config_records_it(tmp_path, monkeypatch, amx, bf16_s, resolved):
     """With AMX bf16; without, what the measurement (here faked: fp32 takes 1 s, bf16 ``bf16_s``) finds faster."""
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
-    monkeypatch.setattr(cpu_precision, "measure", lambda model, vocab: {"fp32": 1.0, "bf16": bf16_s})
+    monkeypatch.setattr(precision, "training_seconds", lambda m, v: {"fp32": {"step": 1.0}, "bf16": {"step": bf16_s}})
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     cfg = tiny_config(tmp_path, precision="auto", train={"max_steps": 1})
     logs = []

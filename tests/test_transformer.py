@@ -213,12 +213,12 @@ def test_state_select_reorders_and_drops_rows(beam, index):
     with torch.no_grad():
         state = model.start_state(*model.encode(src))
         model.decode_step(tgt[::beam, 0], state)
-        state.select(torch.arange(3).repeat_interleave(beam), beam=beam)
-        assert state.cross_kv.size(0) == 3
+        state.select(torch.arange(3).repeat_interleave(beam))
+        assert state.cross.size(0) == 3
         for t in range(1, 3):
             model.decode_step(tgt[:, t], state)
-        state.select(index)
-        assert state.cross_kv.size(0) == len(index) // beam
+        state.select(index, index[::beam] // beam)
+        assert state.cross.size(0) == len(index) // beam
         steps = torch.stack([model.decode_step(tgt[index, t], state) for t in range(3, 5)], 1)
         expected = model(src.repeat_interleave(beam, 0)[index], tgt[index])[:, 3:]
     torch.testing.assert_close(steps, expected, atol=1e-5, rtol=0)
@@ -264,7 +264,7 @@ def test_attention_weights_reproduce_sdpa():
         mask, rows = safe_mask(src_keep)
         x, y = model.embed(src, model.src_embed), model.embed(tgt, model.tgt_embed)
         enc, dec = model.encoder.layers[0].self_attn, model.decoder.layers[0]
-        z = dec.sublayer(y, 0, lambda a: dec.self_attn.attend(*dec.self_attn.qkv(a), is_causal=True))
+        z = dec.sublayer(y, dec.norms[0], lambda a: dec.self_attn.attend(*dec.self_attn.qkv(a), is_causal=True))
         for probs, attn, queries, keys, kw in (
             (weights["encoder"][0], enc, x, x, dict(mask=mask, rows=rows)),
             (weights["decoder"][0], dec.self_attn, y, y, dict(is_causal=True)),

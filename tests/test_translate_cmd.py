@@ -9,10 +9,8 @@ import os
 import re
 import signal
 import subprocess
-from dataclasses import replace
 
 import pytest
-import torch
 from cli_helpers import Proc, one_error_line
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -20,8 +18,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from cli.translate_cmd import run_translate
-from transformer import checkpoint
-from transformer.decoding.translator import Translator
+from transformer.decoding.translator import TranslateOptions, Translator
 
 SENTENCE = "Ein Mann fährt Fahrrad."
 
@@ -47,9 +44,7 @@ def test_ctrl_c_during_translate_output_leaves_only_complete_lines(tiny_checkpoi
     written = int(re.search(r"interrupted: (\d+) complete lines written", proc.stderr).group(1))
     text = out.read_text(encoding="utf-8")
     assert text.endswith("\n") and 0 < written <= fed and text.count("\n") == written
-    loaded = checkpoint.load(tiny_checkpoint)
-    greedy = replace(loaded.cfg.decode, beam=1)
-    translator = Translator(loaded.model, loaded.tokenizer, greedy, loaded.cfg.model.max_positions, torch.device("cpu"))
+    translator = Translator.from_checkpoint(tiny_checkpoint, TranslateOptions("cpu", beam=1))
     expected = {t.best for t in translator.translate_chunk([SENTENCE] * 1000)}
     assert set(text.splitlines()) <= expected
 
@@ -89,7 +84,7 @@ def test_any_bytes_file_gives_one_output_line_per_input_line(tiny_checkpoint, tm
     src, out = tmp_path / "in.bin", tmp_path / "out.txt"
     src.write_bytes(b"".join(row + b"\n" for row in rows))
     out.unlink(missing_ok=True)  # hypothesis runs every example in the same tmp_path
-    run_translate(None, tiny_checkpoint, src, out, 1, 1, None, "cpu", "fp32", tmp_path)
+    run_translate(None, tiny_checkpoint, src, out, tmp_path, False, TranslateOptions("cpu", beam=1, nbest=1))
     assert out.read_text(encoding="utf-8").count("\n") == len(rows)
 
 

@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tiny import tiny_config
 
-from transformer.decoding.speed import matmul_weights_in
-from transformer.decoding.translator import Translator, clean_line
+from transformer.checkpoint import Loaded
+from transformer.decoding.translator import TranslateOptions, Translator, clean_line
 from transformer.errors import ConfigError, TranslateError
 from transformer.model.transformer import build_model
 from transformer.text.tokenizer import Tokenizer
@@ -33,9 +33,15 @@ def model(cfg, tok):
     return build_model(cfg.model, tok.vocab_size, tok.pad_id)
 
 
+def run(cfg, tok, model, **changes) -> Loaded:
+    """The untrained model as a checkpoint would hold it, its config changed by ``changes`` (section=dict)."""
+    cfg = replace(cfg, **{k: replace(getattr(cfg, k), **v) for k, v in changes.items()})
+    return Loaded(cfg, tok, model, {}, cfg.out_dir)
+
+
 @pytest.fixture(scope="module")
 def translator(cfg, tok, model):
-    t = Translator(model, tok, cfg.decode, cfg.model.max_positions, torch.device("cpu"))
+    t = Translator.from_checkpoint(run(cfg, tok, model), TranslateOptions("cpu"))
     t.warn = lambda msg: None
     return t
 
@@ -89,9 +95,25 @@ def test_too_long_lines_truncate_or_error(translator):
         with_decode(translator, beam=1, too_long="error").translate_chunk([long])
 
 
-def test_nbest_larger_than_beam_refused(translator):
-    with pytest.raises(ConfigError, match="nbest 3 is larger than the beam 2; ask for at most 2"):
-        with_decode(translator, beam=2, nbest=3)
+def test_each_setting_is_checked_as_a_translator_is_made(cfg, tok, model):
+    """nbest against the beam, the beam against the vocabulary, the device and the precision, each in one line."""
+    refused = {
+        "nbest 3 is larger than the beam 2; ask for at most 2": TranslateOptions("cpu", beam=2, nbest=3),
+        "beam 100000 is larger than the model's vocabulary": TranslateOptions("cpu", beam=100_000),
+    }
+    for message, options in refused.items():
+        with pytest.raises(ConfigError, match=message):
+            Translator.from_checkpoint(run(cfg, tok, model), options)
+    with pytest.raises(ConfigError, match="device 'gpu' is not one of"):
+        TranslateOptions("gpu")
+    with pytest.raises(ConfigError, match="precision 'fp8' is not one of"):
+        TranslateOptions("cpu", "fp8")
+
+
+def test_options_given_win_over_the_checkpoints_and_the_rest_are_its(cfg, tok, model):
+    t = Translator.from_checkpoint(run(cfg, tok, model), TranslateOptions("cpu", beam=3, alpha=1.5))
+    assert (t.decode.beam, t.decode.alpha, t.decode.nbest) == (3, 1.5, cfg.decode.nbest)
+    assert t.decode.max_len_b == cfg.decode.max_len_b and t.precision == "fp32" and t.device == torch.device("cpu")
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -109,18 +131,12 @@ def test_any_unicode_gives_one_line_per_input(translator, lines):
     assert all("\n" not in o.best for o in out)
 
 
-def test_half_precision_casts_weights_once_and_translates_as_autocast(translator, model):
-    """bf16 decoding on a copy with bf16 Linear weights: the same output as autocast over the fp32 model."""
-    half = matmul_weights_in(model, torch.bfloat16)
-    assert {m.weight.dtype for m in half.modules() if isinstance(m, torch.nn.Linear)} == {torch.bfloat16}
-    assert half.src_embed.weight.dtype == torch.float32 and model.generator.weight.dtype == torch.float32
-    assert model.generator.weight is model.src_embed.weight  # the original is untouched, still tied
-    decode = replace(translator.decode, beam=3, nbest=2)
-    t = Translator(model, translator.tokenizer, decode, translator.max_positions, torch.device("cpu"), "bf16")
+def test_half_precision_translates_as_autocast_over_the_model(translator, model):
+    """bf16 decoding (on a copy with bf16 Linear weights): the same output as autocast over the fp32 model."""
+    t = Translator.from_checkpoint(translator.checkpoint, TranslateOptions("cpu", "bf16", beam=3, nbest=2))
     assert t.model is not model
     lines = SENTENCES[:8]
-    fp32 = Translator(model, translator.tokenizer, decode, translator.max_positions, torch.device("cpu"))
-    assert fp32.model.model.generator is not model.generator  # fp32 on the CPU: its decoder laid out for steps
+    fp32 = Translator.from_checkpoint(translator.checkpoint, TranslateOptions("cpu", beam=3, nbest=2))
     fp32.model = model  # autocast over the model itself, as the bf16 copy stands for it
     with torch.autocast("cpu", dtype=torch.bfloat16):
         want = [(o.texts, o.scores) for o in fp32.translate_chunk(lines)]
@@ -137,15 +153,8 @@ def test_translator_input_path_never_crashes_the_tokenizer(sample_tokenizer, s):
     assert sample_tokenizer.decode(ids) == sample_tokenizer.normalize(line)
 
 
-def test_a_model_trained_on_lowercased_text_gets_its_input_lowercased(translator, model):
-    lower = Translator(
-        model,
-        translator.tokenizer,
-        translator.decode,
-        translator.max_positions,
-        translator.device,
-        lowercase=True,
-    )
+def test_a_model_trained_on_lowercased_text_gets_its_input_lowercased(translator, cfg, tok, model):
+    lower = Translator.from_checkpoint(run(cfg, tok, model, data={"lowercase": True}), TranslateOptions("cpu"))
     lines = ["Ein Mann fährt Fahrrad.", "DER HUND LÄUFT IM PARK."]
     want = [(o.texts, o.scores) for o in translator.translate_chunk([line.lower() for line in lines])]
     assert [(o.texts, o.scores) for o in lower.translate_chunk(lines)] == want
@@ -154,12 +163,8 @@ def test_a_model_trained_on_lowercased_text_gets_its_input_lowercased(translator
 
 def test_precision_auto_decodes_in_the_precision_it_chose(translator, model, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    auto = Translator(
-        model, translator.tokenizer, translator.decode, translator.max_positions, translator.device, "auto"
-    )
+    auto = Translator.from_checkpoint(translator.checkpoint, TranslateOptions("cpu", "auto"))
     assert auto.precision in ("fp32", "bf16", "int8")
-    chosen = Translator(
-        model, translator.tokenizer, translator.decode, translator.max_positions, translator.device, auto.precision
-    )
+    chosen = Translator.from_checkpoint(translator.checkpoint, TranslateOptions("cpu", auto.precision))
     lines = SENTENCES[:4]
     assert [o.texts for o in auto.translate_chunk(lines)] == [o.texts for o in chosen.translate_chunk(lines)]

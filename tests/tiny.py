@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from transformer import checkpoint, config
+from transformer import checkpoint, config, config_file
 from transformer.training.trainer import Result, Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,7 +74,7 @@ def tiny_config(run_dir: Path, **sections) -> config.Config:
             values.setdefault(section, {}).update(changes)
         else:
             values[section] = changes
-    return config.from_dict(values)
+    return config_file.from_dict(values)
 
 
 def run_trainer(

@@ -23,7 +23,7 @@ import yaml
 from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 
-from transformer import config as config_mod
+from transformer import config_file
 from transformer.config import Config
 from transformer.errors import CheckpointError, ConfigError, DataError, WriteError
 from transformer.files import atomic_dir, remove_dir
@@ -62,7 +62,7 @@ def _write_files(
     meta: dict[str, Any],
     trainer_state: dict[str, Any] | None,
 ) -> None:
-    (tmp / CONFIG).write_text(config_mod.dump(cfg), encoding="utf-8")
+    (tmp / CONFIG).write_text(config_file.dump(cfg), encoding="utf-8")
     tokenizer.save(tmp / TOKENIZER)
     save_model(model, str(tmp / WEIGHTS))
     meta = {**meta, "tokenizer_fingerprint": tokenizer.fingerprint(), "torch": torch.__version__}
@@ -135,7 +135,7 @@ def read_config(path: Path) -> Config:
         values = yaml.safe_load((path / CONFIG).read_text(encoding="utf-8")) or {}
         if isinstance(values, dict) and values.get("compile") is False:
             del values["compile"]  # written before train.compile replaced it; it had to be false, so it did nothing
-        return config_mod.from_dict(values)
+        return config_file.from_dict(values)
     except (OSError, yaml.YAMLError, UnicodeDecodeError) as e:
         raise CheckpointError(
             f"{path / CONFIG} is unreadable ({type(e).__name__}); the checkpoint is damaged, use another one"

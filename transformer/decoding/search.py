@@ -2,7 +2,7 @@
 
 Knows nothing of files, tokenizers or the CLI: token ids in, hypotheses out. The model needs
 ``pad_id``, ``encode``, ``start_state(memory, src_keep)`` (one row per sentence) and ``decode_step``,
-as transformer.model.transformer.Transformer has, and its state needs ``select(index, beam)``. Each sentence
+as transformer.model.transformer.Transformer has, and its state needs ``select(rows, sentences)``. Each sentence
 may produce at most max_len = a * src_len + b tokens before <END>, which is forced after them.
 <PAD> and <START> are never generated.
 
@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer.decoding.speed import row_topk
+from transformer.decoding.topk import row_topk
 
 
 @dataclass
@@ -77,13 +77,22 @@ def _eval_mode(model: nn.Module) -> Iterator[None]:
 
 
 class _Search:
-    """What greedy and beam search share: encoding, per-sentence length limits, next-token log-probs."""
+    """What greedy and beam search share: encoding, per-sentence length limits, next-token log-probs, and the state
+    the model keeps between steps (reordered with the beams, through ``select``)."""
 
     def __init__(self, model: nn.Module, src: Tensor, start_id: int, end_id: int, max_len_a: float, max_len_b: int):
         self.model, self.end_id = model, end_id
         self.banned = torch.tensor([model.pad_id, start_id], device=src.device)
         self.max_lens = max_output_lengths((src != model.pad_id).sum(1), max_len_a, max_len_b).tolist()
         self.state = model.start_state(*model.encode(src))
+
+    def log_probs(self, tokens: Tensor) -> Tensor:
+        """Next-token log-probabilities [rows, V] after ``tokens``, which the model's state takes in."""
+        return F.log_softmax(self.model.decode_step(tokens, self.state).float(), dim=-1)
+
+    def select(self, rows: Tensor, sentences: Tensor | None) -> None:
+        """Keep the state's rows ``rows`` and, of its per-sentence entries, ``sentences`` (None: all)."""
+        self.state.select(rows, sentences)
 
     def settled(self, finished: list[Hypothesis], best_live: float, sentence: int, nbest: int, alpha: float) -> bool:
         """Whether no live beam of ``sentence`` can enter its nbest finished hypotheses any more.
@@ -106,7 +115,7 @@ class _Search:
         NaN (half precision overflowing) turns NaN whole under log-softmax: its scores become -inf,
         cleaned in the m chosen values rather than in the whole [rows, V] tensor (a pass, 1-2% of a step).
         """
-        lprobs = F.log_softmax(self.model.decode_step(tokens, self.state).float(), dim=-1)
+        lprobs = self.log_probs(tokens)
         lprobs.index_fill_(1, self.banned, float("-inf"))
         at_max = [step >= self.max_lens[s] for s in sentences]
         if any(at_max):
@@ -157,7 +166,7 @@ def greedy_search(
                     results[sentences[r]] = Hypothesis(toks[:-1] if toks[-1] == end_id else toks, score, log_prob, lps)
                 keep = [r for r, d in enumerate(done) if not d]
                 index = torch.tensor(keep, dtype=torch.long, device=src.device)
-                search.state.select(index)
+                search.select(index, index)
                 seq, seq_lp, tokens = seq[index], seq_lp[index], tokens[index]
                 sentences = [sentences[r] for r in keep]
             step += 1
@@ -175,9 +184,8 @@ def beam_search(
     max_len_a: float = 1.0,
     max_len_b: int = 50,
 ) -> list[list[Hypothesis]]:
-    """The nbest best hypotheses of each sentence of src [B, S] (right-padded), best first."""
-    if not 1 <= nbest <= beam:
-        raise ValueError(f"nbest must be between 1 and beam ({beam}), got {nbest}")
+    """The nbest best hypotheses of each sentence of src [B, S] (right-padded), best first; nbest is 1 to beam, as the
+    Translator's settings are checked (config.check_decode)."""
     finished = _beam(model, src, start_id, end_id, beam, max_len_a, max_len_b, (nbest, alpha))
     return [ranked(hyps, alpha)[:nbest] for hyps in finished]
 
@@ -248,13 +256,14 @@ def _beam(
                 and step < search.max_lens[sentences[s]]
                 and not (settle and search.settled(finished[sentences[s]], best_live[s], sentences[s], *settle))
             ]
+            keep = None
             if len(alive) < n:
                 keep = torch.tensor(alive, dtype=torch.long, device=device)
                 live, scores, rows, cand, cand_lp = live[keep], scores[keep], rows[keep], cand[keep], cand_lp[keep]
                 sentences = [sentences[s] for s in alive]
             flat = rows.gather(1, live).view(-1)
             tokens = cand.gather(1, live).view(-1)
-            search.state.select(flat, beam=k)
+            search.select(flat, keep)
             width = k
             seq = torch.cat([seq[flat], tokens[:, None]], 1)
             seq_lp = torch.cat([seq_lp[flat], cand_lp.gather(1, live).view(-1, 1)], 1)

@@ -11,22 +11,23 @@ import copy
 import re
 import sys
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import islice
+from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
+from transformer.checkpoint import Loaded, load
 from transformer.config import DecodeConfig, check_decode
-from transformer.decoding.auto_precision import decoding_precision
-from transformer.decoding.precision import AUTO, check_decoding_precision, decoding_autocast, decoding_model
 from transformer.decoding.search import Hypothesis, beam_finished, beam_search, greedy_search, ranked
+from transformer.device import resolve_device
 from transformer.errors import TranslateError
 from transformer.model.speed import shape_changing_attention
 from transformer.model.transformer import Transformer
+from transformer.precision import autocast, check_precision, decoding_model, decoding_precision
 from transformer.process import decoding_threads
 from transformer.text.batching import sorted_batches, source_tensor
-from transformer.text.tokenizer import Tokenizer
 
 _SPACES = re.compile(r"\s+")
 _SURROGATES = re.compile("[\ud800-\udfff]")
@@ -65,38 +66,64 @@ class Translation:
         return self.texts[0] if self.texts else ""
 
 
+@dataclass(frozen=True)
+class TranslateOptions:
+    """How to translate, as a command or the trainer's validation asks: the device and precision to decode in
+    (precision.PRECISIONS or auto), and the decode settings given over the checkpoint's (None: the checkpoint's)."""
+
+    device: str | torch.device = "auto"
+    precision: str = "fp32"
+    beam: int | None = None
+    nbest: int | None = None
+    alpha: float | None = None
+    batch_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        """The device and the precision are checked as they come in: a device this machine has (kept as a torch
+        device), a precision it decodes in there."""
+        object.__setattr__(self, "device", resolve_device(str(self.device)))
+        check_precision(self.precision, self.device, training=False)
+
+
 class Translator:
-    """A trained model with its tokenizer and decode settings (``decode``: beam, n-best, length penalty, lengths,
-    batch size: the one value every setting of a translation arrives in), decoding in ``precision`` (fp32, bf16,
-    fp16, int8 or auto: decoding.precision; ``self.precision`` holds what auto chose). ``lowercase``: the model was
-    trained on lowercased text (data.lowercase), so input is lowercased as its training data was."""
+    """A trained model (``checkpoint``: its config, tokenizer and weights) decoding text in ``decode``'s settings (beam,
+    n-best, length penalty, lengths, batch size), on ``device`` in ``precision`` (what auto chose), through ``model``:
+    the model as that precision decodes it (precision.decoding_model). Made by ``from_checkpoint``."""
 
     def __init__(
-        self,
-        model: Transformer,
-        tokenizer: Tokenizer,
-        decode: DecodeConfig,
-        max_positions: int,
-        device: torch.device,
-        precision: str = "fp32",
-        lowercase: bool = False,
+        self, checkpoint: Loaded, model: Transformer, decode: DecodeConfig, device: torch.device, precision: str
     ) -> None:
-        check_decoding_precision(precision, device)
-        if precision == AUTO:
-            precision = decoding_precision(model, device, lambda msg: print(msg, file=sys.stderr))
-        self.model = decoding_model(model, precision, device)
-        self.tokenizer = tokenizer
-        self.decode = check_decode(decode)
-        self.max_positions = max_positions
-        self.device = device
-        self.precision = precision
-        self.lowercase = lowercase
+        self.checkpoint, self.model, self.decode = checkpoint, model, decode
+        self.device, self.precision = device, precision
+        self.tokenizer = checkpoint.tokenizer
+        self.max_positions = checkpoint.cfg.model.max_positions
+        self.lowercase = checkpoint.cfg.data.lowercase  # trained on lowercased text: input is lowercased as it was
         self.warn = lambda msg: print(f"warning: {msg}", file=sys.stderr)
 
+    @classmethod
+    def from_checkpoint(cls, checkpoint: Path | Loaded, options: TranslateOptions) -> Translator:
+        """The one way to make a Translator: ``checkpoint`` a directory (loaded onto the device) or one already in
+        memory (the trainer's model as it validates), under ``options``; what the decode settings given and the
+        checkpoint's say together is checked here. The model is prepared for decoding now, once."""
+        device = options.device  # a torch device since __post_init__
+        loaded = checkpoint if isinstance(checkpoint, Loaded) else load(checkpoint, device)
+        d = loaded.cfg.decode
+        decode = replace(
+            d,
+            beam=d.beam if options.beam is None else options.beam,
+            nbest=d.nbest if options.nbest is None else options.nbest,
+            alpha=d.alpha if options.alpha is None else options.alpha,
+            batch_tokens=d.batch_tokens if options.batch_tokens is None else options.batch_tokens,
+        )
+        check_decode(decode, loaded.tokenizer.vocab_size)  # the settings given against the checkpoint's and its model
+        precision = decoding_precision(options.precision, loaded.model, device, lambda msg: print(msg, file=sys.stderr))
+        return cls(loaded, decoding_model(loaded.model, precision, device), decode, device, precision)
+
     def with_decode(self, decode: DecodeConfig) -> Translator:
-        """The same model, tokenizer and device under other decode settings; the model is shared, not copied."""
+        """The same model, tokenizer and device under other decode settings, checked where they came in (a server's
+        request); the model is shared, not copied."""
         other = copy.copy(self)
-        other.decode = check_decode(decode)
+        other.decode = decode
         return other
 
     def _ids(self, lines: list[str], first_line_no: int) -> list[list[int]]:
@@ -117,7 +144,7 @@ class Translator:
         t = self.tokenizer
         d = self.decode
         with (
-            decoding_autocast(self.precision, self.device),
+            autocast(self.precision, self.device),
             decoding_threads(self.device, src.size(0) * d.beam),
             shape_changing_attention(self.device),
         ):

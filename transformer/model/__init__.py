@@ -1,2 +1,3 @@
-"""The Transformer read against the paper (embeddings, positions, attention, layers), the state its decoder keeps
-between steps, and the code that exists only for speed."""
+"""The Transformer read against the paper (embeddings, positions, attention, layers) with its one incremental decoder
+step, the state that step keeps, and the code that exists only for speed: modules decoding swaps into a copy of the
+model (linears, cross_fold) and the rest (speed)."""

@@ -11,23 +11,22 @@ from torch import Tensor
 class DecoderState:
     """What incremental decoding keeps between steps for a batch of rows (as fairseq's incremental state).
 
-    Rows come in groups of ``beam`` consecutive rows per sentence: one at the start, k once beam
-    search has widened (``select``).
-    cross_kv [sentences, N, 2, h, S, d_k]: encoder-decoder keys and values, computed once per sentence
-    and shared by its beams (V is zero for a source of only <PAD>, whose cross-attention output is
-    then zero as in training); src_mask likewise holds one entry per sentence.
+    A sentence's rows are consecutive: one at the start, as many as its beams once a search widens it (``select``);
+    how many is the search's business, not the state's.
+    cross [sentences, N, ...] and cross_mask [sentences, N, ...]: what each layer's encoder-decoder attention reads
+    of the source (MultiHeadAttention.memory_state: K, V and the mask), computed once per sentence and shared by its
+    rows.
     self_kv [rows, N, 2, h, capacity, d_k]: self-attention keys and values; the first ``length``
     positions are filled, and the capacity doubles when full. All layers in one row-major tensor make
     reordering one contiguous copy per row.
     """
 
-    def __init__(self, cross_kv: Tensor, src_mask: Tensor, capacity: int = 32):
-        sentences, N, _, h, _, d_k = cross_kv.shape
-        self.cross_kv, self.src_mask = cross_kv, src_mask
-        self.beam = 1
+    def __init__(self, cross: Tensor, cross_mask: Tensor, h: int, d_k: int, capacity: int = 32):
+        sentences, N = cross.shape[:2]
+        self.cross, self.cross_mask = cross, cross_mask
         self.length = 0
         self._buffers: list[Tensor | None] = [None, None]  # behind self_kv, and select's spare (swapped each step)
-        self.self_kv = self._view(0, (sentences, N, 2, h, capacity, d_k), cross_kv)
+        self.self_kv = self._view(0, (sentences, N, 2, h, capacity, d_k), cross)
 
     def _view(self, slot: int, shape: tuple[int, ...], like: Tensor) -> Tensor:
         """A tensor of ``shape`` on buffer ``slot``, which is first replaced by a larger one if too small."""
@@ -36,26 +35,21 @@ class DecoderState:
             self._buffers[slot] = like.new_empty(numel)
         return self._buffers[slot][:numel].view(shape)  # type: ignore[index]
 
-    def select(self, index: Tensor, beam: int | None = None) -> None:
-        """Keep rows ``index`` in that order, in place: reorders beams and drops finished sentences.
+    def select(self, rows: Tensor, sentences: Tensor | None = None) -> None:
+        """Keep rows ``rows`` in that order and, of the per-sentence tensors, sentences ``sentences`` (None: all, as
+        they are), in place: reorders beams, widens a sentence's one row to its beams, drops finished sentences.
 
         Only the filled ``length`` positions are copied, into a spare buffer that then swaps with the
         cache (beam search reorders every step, so copying only what is filled matters).
-        ``beam``, when given, is the new number of rows per sentence: beam search decodes its first
-        step on one row per sentence (all its beams would be the same) and then widens to k.
-        With beam > 1, index must keep each sentence's rows together and the sentences in order (as
-        beam search does); the per-sentence tensors are then only touched when sentences leave.
         """
         t = self.length
-        spare = self._view(1, (index.numel(), *self.self_kv.shape[1:]), self.self_kv)
-        torch.index_select(self.self_kv[..., :t, :], 0, index, out=spare[..., :t, :])
+        spare = self._view(1, (rows.numel(), *self.self_kv.shape[1:]), self.self_kv)
+        torch.index_select(self.self_kv[..., :t, :], 0, rows, out=spare[..., :t, :])
         self.self_kv = spare
         self._buffers.reverse()
-        width, self.beam = self.beam, beam or self.beam
-        sentences = index[:: self.beam] // width
-        if self.beam == 1 or sentences.numel() != self.cross_kv.size(0):
-            self.cross_kv = self.cross_kv.index_select(0, sentences)
-            self.src_mask = self.src_mask.index_select(0, sentences)
+        if sentences is not None:
+            self.cross = self.cross.index_select(0, sentences)
+            self.cross_mask = self.cross_mask.index_select(0, sentences)
 
     def reserve(self, length: int) -> None:
         """Make room for ``length`` cached positions."""

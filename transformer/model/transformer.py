@@ -135,6 +135,33 @@ class MultiHeadAttention(nn.Module):
         B, _, T, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(B, T, self.h * self.d_k))
 
+    def memory_state(self, memory: Tensor, mask: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
+        """What ``cross_step`` reads of the encoder output memory [n, S, d_model], once per sentence: K and V [n, 2, h,
+        S, d_k], V zero for a source of only <PAD> (rows, from safe_mask) so that its output is zero as in training;
+        and the mask."""
+        kv = self.kv(memory).transpose(0, 1)
+        kv[:, 1].mul_(rows.view(-1, 1, 1, 1))
+        return kv, mask
+
+    def self_step(self, x: Tensor, cache: Tensor, t: int) -> Tensor:
+        """Masked self-attention of one new position per row, x [R, d_model]: its K and V go into cache
+        [R, 2, h, capacity, d_k] at t, and its query attends to positions 0..t, all of them before it (no mask)."""
+        R = x.size(0)
+        qkv = self.in_proj(x).view(R, 3, self.h, 1, self.d_k)
+        cache[:, :, :, t] = qkv[:, 1:, :, 0]
+        k, v = cache[:, 0, :, : t + 1], cache[:, 1, :, : t + 1]
+        out = F.scaled_dot_product_attention(qkv[:, 0], k, v, dropout_p=self.dropout if self.training else 0.0)
+        return self.out_proj(out.reshape(R, self.h * self.d_k))  # one query: [R, h, 1, d_k] is [R, 1, h, d_k]
+
+    def cross_step(self, x: Tensor, kv: Tensor, mask: Tensor) -> Tensor:
+        """Encoder-decoder attention of rows x [R, d_model] to kv [n, 2, h, S, d_k], one entry per sentence: a
+        sentence's R / n consecutive rows (its beams) attend to it together, as that sentence's queries."""
+        R, n = x.size(0), kv.size(0)
+        q = self.in_proj.part(x, self.query_rows).view(n, R // n, self.h, self.d_k).transpose(1, 2)
+        p = self.dropout if self.training else 0.0
+        out = F.scaled_dot_product_attention(q, kv[:, 0], kv[:, 1], mask, dropout_p=p)
+        return self.out_proj(out.transpose(1, 2).reshape(R, self.h * self.d_k))
+
 
 class FeedForward(nn.Module):
     """Position-wise feed-forward network: max(0, x W_1 + b_1) W_2 + b_2.
@@ -175,11 +202,11 @@ class Layer(nn.Module):
         self.dropout = Dropout(dropout)
         self.norm_first = norm_first
 
-    def sublayer(self, x: Tensor, i: int, f: Callable[[Tensor], Tensor]) -> Tensor:
+    def sublayer(self, x: Tensor, norm: nn.Module, f: Callable[[Tensor], Tensor]) -> Tensor:
         """Post-norm LayerNorm(x + Dropout(f(x))) as in the paper, or pre-norm x + Dropout(f(LayerNorm(x)))."""
         if self.norm_first:
-            return x + self.dropout(f(self.norms[i](x)))
-        return self.norms[i](x + self.dropout(f(x)))
+            return x + self.dropout(f(norm(x)))
+        return norm(x + self.dropout(f(x)))
 
 
 class EncoderLayer(Layer):
@@ -191,8 +218,9 @@ class EncoderLayer(Layer):
         super().__init__(d_model, d_ff, h, dropout, norm_first, 2, inner_dropout)
 
     def forward(self, x: Tensor, mask: Tensor | None, rows: Tensor | None) -> Tensor:
-        x = self.sublayer(x, 0, lambda y: self.self_attn.attend(*self.self_attn.qkv(y), mask=mask, rows=rows))
-        return self.sublayer(x, 1, self.ff)
+        norm_1, norm_2 = self.norms
+        x = self.sublayer(x, norm_1, lambda y: self.self_attn.attend(*self.self_attn.qkv(y), mask=mask, rows=rows))
+        return self.sublayer(x, norm_2, self.ff)
 
 
 class DecoderLayer(Layer):
@@ -206,34 +234,22 @@ class DecoderLayer(Layer):
 
     def forward(self, y: Tensor, memory: Tensor, mask: Tensor | None, rows: Tensor | None) -> Tensor:
         """All target positions at once, causal self-attention through SDPA's is_causal (fast kernels)."""
-        y = self.sublayer(y, 0, lambda z: self.self_attn.attend(*self.self_attn.qkv(z), is_causal=True))
+        norm_1, norm_2, norm_3 = self.norms
+        y = self.sublayer(y, norm_1, lambda z: self.self_attn.attend(*self.self_attn.qkv(z), is_causal=True))
         y = self.sublayer(
             y,
-            1,
+            norm_2,
             lambda z: self.cross_attn.attend(self.cross_attn.q(z), *self.cross_attn.kv(memory), mask=mask, rows=rows),
         )
-        return self.sublayer(y, 2, self.ff)
+        return self.sublayer(y, norm_3, self.ff)
 
-    def step(self, y: Tensor, cache: Tensor, t: int, cross: Tensor, mask: Tensor, beam: int) -> Tensor:
-        """Target position t alone: y [B, 1, d_model]; its K/V go into cache [B, 2, h, capacity, d_k] at t.
-
-        cross [B / beam, 2, h, S, d_k] holds one entry per sentence: the beam rows of a sentence attend
-        to it together, as that sentence's queries (exact, and K/V are read once per sentence).
-        """
-
-        def self_attend(z: Tensor) -> Tensor:
-            qkv = self.self_attn.qkv(z)
-            cache[:, :, :, t] = qkv[1:, :, :, 0].transpose(0, 1)
-            # No mask and no is_causal: the one query may see every cached key (is_causal would align top-left).
-            return self.self_attn.attend(qkv[0], cache[:, 0, :, : t + 1], cache[:, 1, :, : t + 1])
-
-        def cross_attend(z: Tensor) -> Tensor:
-            q = self.cross_attn.q(z.reshape(-1, beam, z.size(-1)))
-            return self.cross_attn.attend(q, cross[:, 0], cross[:, 1], mask).reshape(z.shape)
-
-        y = self.sublayer(y, 0, self_attend)
-        y = self.sublayer(y, 1, cross_attend)
-        return self.sublayer(y, 2, self.ff)
+    def step(self, y: Tensor, cache: Tensor, t: int, cross: Tensor, mask: Tensor) -> Tensor:
+        """Target position t alone, for rows y [R, d_model]: self-attention through the cache [R, 2, h, capacity,
+        d_k], encoder-decoder attention to cross and mask, one entry per sentence (MultiHeadAttention.memory_state)."""
+        norm_1, norm_2, norm_3 = self.norms
+        y = self.sublayer(y, norm_1, lambda z: self.self_attn.self_step(z, cache, t))
+        y = self.sublayer(y, norm_2, lambda z: self.cross_attn.cross_step(z, cross, mask))
+        return self.sublayer(y, norm_3, self.ff)
 
 
 class Encoder(nn.Module):
@@ -342,21 +358,23 @@ class Transformer(nn.Module):
         return self.decode(tgt_in, *self.encode(src), logits=logits)
 
     def start_state(self, memory: Tensor, src_keep: Tensor) -> DecoderState:
-        """A fresh incremental state with one row per sentence; cross-attention K/V are computed here, once."""
+        """A fresh incremental state with one row per sentence; what each layer's encoder-decoder attention reads of
+        the source is computed here, once."""
         mask, rows = safe_mask(src_keep)
-        cross_kv = torch.stack([layer.cross_attn.kv(memory).transpose(0, 1) for layer in self.decoder.layers], 1)
-        cross_kv[:, :, 1].mul_(rows.view(-1, 1, 1, 1, 1))  # V = 0 for a source of only <PAD>: its output is 0
-        return DecoderState(cross_kv, mask)
+        layers = self.decoder.layers
+        cross = [layer.cross_attn.memory_state(memory, mask, rows) for layer in layers]
+        h, d_k = layers[0].self_attn.h, layers[0].self_attn.d_k
+        return DecoderState(torch.stack([kv for kv, _ in cross], 1), torch.stack([m for _, m in cross], 1), h, d_k)
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
-        """The next position's logits [B, V] given its input tokens [B]; appends to the state's cache."""
+        """The next position's logits [R, V] given its input tokens [R]; appends to the state's cache."""
         t = state.length
         state.reserve(t + 1)
-        y = self.embed(tokens[:, None], self.tgt_embed, t)
+        y = self.dropout(self.tgt_embed(tokens) * self.scale + self.positions.at(t, 1))
         for i, layer in enumerate(self.decoder.layers):
-            y = layer.step(y, state.self_kv[:, i], t, state.cross_kv[:, i], state.src_mask, state.beam)
+            y = layer.step(y, state.self_kv[:, i], t, state.cross[:, i], state.cross_mask[:, i])
         state.length = t + 1
-        return self.generator(self.decoder.norm(y))[:, 0]
+        return self.generator(self.decoder.norm(y))
 
     def attention_weights(self, src: Tensor, tgt_in: Tensor) -> dict[str, list[Tensor]]:
         """Attention probabilities for heatmaps: 'encoder', 'decoder', 'cross' -> per layer [B, h, T_q, T_k]."""

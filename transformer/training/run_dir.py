@@ -27,7 +27,8 @@ except ImportError:  # Windows: no flock, so no lock
     fcntl = None
 
 from transformer import checkpoint, manifest
-from transformer.config import Config, to_dict
+from transformer.config import Config
+from transformer.config_file import to_dict
 from transformer.errors import CheckpointError, TrainError
 from transformer.files import atomic_file, clean_partial
 from transformer.manifest import LOCK

@@ -26,15 +26,16 @@ import torch
 from tqdm import tqdm
 
 from transformer import checkpoint
-from transformer.config import Config, dump
-from transformer.device import PRECISIONS, check_gpu_switches, check_precision, resolve_device, resolve_precision
+from transformer.config import Config
+from transformer.config_file import dump
+from transformer.device import check_gpu_switches, resolve_device
 from transformer.errors import ConfigError
 from transformer.memory import check_fits
 from transformer.model.transformer import build_model
+from transformer.precision import PRECISIONS, check_precision, measured_training, training_precision
 from transformer.text.batching import make_batches
 from transformer.text.tokenizer import Tokenizer
 from transformer.training import distributed, mfu, run_dir, tensorboard_log, train_data, train_state
-from transformer.training.cpu_precision import faster_cpu_precision
 from transformer.training.forecast import forecast
 from transformer.training.meter import Meter, clock, process_started
 from transformer.training.prefetch import ahead
@@ -78,10 +79,10 @@ class Trainer:
         check_fits(cfg.model, cfg.tokenizer.vocab_size, self.device, True, "the config's model")  # before any work
         # precision: auto becomes what this device runs best, and the run's config.yaml records it; a CPU without
         # AMX is measured, by one process only (ranks under torchrun keep fp32 rather than each choose its own)
+        check_precision(cfg.precision, self.device, training=True)
         alone = distributed.launched_world() == 1
-        measure = (lambda: faster_cpu_precision(cfg.model, cfg.tokenizer.vocab_size, self.log)) if alone else None
-        self.cfg = replace(cfg, precision=resolve_precision(cfg.precision, self.device, measure))
-        check_precision(self.cfg.precision, self.device)
+        measured = (lambda: measured_training(cfg.model, cfg.tokenizer.vocab_size, self.log)) if alone else None
+        self.cfg = replace(cfg, precision=training_precision(cfg.precision, self.device, measured))
         check_gpu_switches(self.cfg.train, self.cfg.precision, self.device)
         self.tensorboard = tensorboard_log.wanted(cfg.train.tensorboard)
 

@@ -26,9 +26,9 @@ from typing import ContextManager, NamedTuple
 import torch
 
 from transformer.config import Config
-from transformer.device import autocast
 from transformer.model.speed import training_attention
 from transformer.model.transformer import Transformer
+from transformer.precision import autocast
 from transformer.text.batching import Batch, EncodedCorpus, collate
 from transformer.text.tokenizer import Tokenizer
 from transformer.training import distributed

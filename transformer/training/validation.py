@@ -9,15 +9,15 @@ small part of a run.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import torch
 
+from transformer.checkpoint import Loaded
 from transformer.config import Config
-from transformer.decoding.translator import Translator
-from transformer.device import autocast
+from transformer.decoding.translator import TranslateOptions, Translator
 from transformer.model.speed import training_attention
 from transformer.model.transformer import Transformer
+from transformer.precision import autocast
 from transformer.scoring import score
 from transformer.text.batching import EncodedCorpus, collate, make_batches
 from transformer.text.corpus import Corpus
@@ -45,10 +45,9 @@ def valid_metrics(
             tokens += b.n_tokens
     n = cfg.train.eval_sentences
     src, refs = list(valid.src[:n]), list(valid.tgt[:n])
-    greedy = replace(cfg.decode, beam=1, nbest=1)
-    translator = Translator(
-        model, tokenizer, greedy, cfg.model.max_positions, device, cfg.precision, cfg.data.lowercase
-    )
+    run = Loaded(cfg, tokenizer, model, {}, cfg.out_dir)  # the run's model as a checkpoint would hold it
+    options = TranslateOptions(str(device), cfg.precision, beam=1, nbest=1)
+    translator = Translator.from_checkpoint(run, options)
     hyps = [t.best for t in translator.translate(src)]
     scores = score(hyps, refs, cfg.data.tgt_lang, cfg.decode.bleu_tokenize)
     model.train()
