@@ -3,8 +3,8 @@
 "Without" is switched through the library's public API or the environment, never by patching it:
 PyTorch's per-tensor Adam, nn.Dropout in place of model.speed.Dropout, whole logits scored by
 ``label_smoothed_nll``, libgomp's OpenMP defaults (each side a process of its own), batches in input
-order, torch's topk in place of the block-wise one, the decoder's matrices as stored, and encoder-decoder
-attention unfolded. A speedup above 1 means the lever wins; decoding levers also report
+order, torch's topk in place of the block-wise one, the decoding copy's modules called through nn.Module,
+and encoder-decoder attention unfolded. A speedup above 1 means the lever wins; decoding levers also report
 whether outputs stayed the same. A lever that can no longer be switched off is measured once, recorded in
 bench/results/, and left out of this suite.
 
@@ -278,15 +278,13 @@ def one_at_a_time(
 
 def step_levers(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[dict[str, Any]]:
     """The modules decoding swaps into the model on a CPU, each measured alone inside the model's one step, as the
-    Translator decodes: the decoder's matrices and output table laid out for a step's few rows (StepLinear), the
-    copy's modules called straight through their forward (called_directly), and encoder-decoder attention folded into
-    its float projections in fp32 and int8 (int8's outputs may differ: folded,
+    Translator decodes: the copy's modules called straight through their forward (called_directly), and
+    encoder-decoder attention folded into its float projections in fp32 and int8 (int8's outputs may differ: folded,
     its encoder-decoder projections are the fp32 ones). "same model" is the model against itself: the noise."""
     model, cpu = loaded.model.eval(), torch.device("cpu")
     models = {
         "stored": model,
         "stored again": model,
-        "laid out": decoding_model(model, "fp32", cpu, fold=False, direct=False),
         "called directly": decoding_model(model, "fp32", cpu, fold=False),
         "fp32 folded": decoding_model(model, "fp32", cpu),
         "int8": decoding_model(model, "int8", cpu, fold=False),
@@ -294,8 +292,7 @@ def step_levers(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> lis
     }
     pairs = {
         "same model (the noise of this measurement)": ("stored", "stored again"),
-        "decoder laid out for decoding steps (CPU fp32)": ("stored", "laid out"),
-        "decoding copy's modules called directly (CPU fp32)": ("laid out", "called directly"),
+        "decoding copy's modules called directly (CPU fp32)": ("stored", "called directly"),
         "cross-attention folded (CPU fp32)": ("called directly", "fp32 folded"),
         "cross-attention folded (CPU int8)": ("int8", "int8 folded"),
     }

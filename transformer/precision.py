@@ -39,7 +39,7 @@ from transformer.config import ModelConfig
 from transformer.errors import ConfigError
 from transformer.files import atomic_file
 from transformer.model.cross_fold import FoldedCrossAttention
-from transformer.model.linears import Int8Linear, LinearParts, StepLinear, swap_linears
+from transformer.model.linears import Int8Linear, LinearParts, swap_linears
 from transformer.model.speed import called_directly
 from transformer.model.transformer import Transformer, build_model
 
@@ -105,11 +105,11 @@ def decoding_model(
 
     bf16, fp16: the Linear weights cast once (autocast caches no casts under inference mode, so each step would cast
     every weight again; cast ahead, autocast rounds the same weights the same way), the output table a copy of its
-    own so that embeddings stay fp32. int8: every Linear layer in int8. fp32 on a CPU: the decoder's matrices and the
-    output table as StepLinear for torch's thread count. On a CPU, fp32 and int8 fold encoder-decoder attention
-    into its float projections for batches of few sentences (model.cross_fold; ``fold=False``: not, for bench.levers
-    to measure what it gains). A copy's own modules are called directly (model.speed.called_directly; ``direct=False``:
-    not, likewise).
+    own so that embeddings stay fp32. int8: every Linear layer in int8. fp32 on a CPU: the model's own layers, in a
+    copy of the decoder (its parameters shared). On a CPU, fp32 and int8 fold encoder-decoder attention into its float
+    projections for batches of few sentences (model.cross_fold; ``fold=False``: not, for bench.levers to measure what
+    it gains). A copy's own modules are called directly (model.speed.called_directly; ``direct=False``: not,
+    likewise).
     """
     p = PRECISIONS[name]
     if p.mixed:
@@ -121,23 +121,16 @@ def decoding_model(
         return half
     if device.type != "cpu":
         return model.eval()
-    if p.trains:  # fp32: the decoder and output table are the copy's own, all else shared
+    if p.trains:  # fp32: the decoder is the copy's own, for the fold to swap into; all else shared
         fast = copy.copy(model.eval())
         fast._modules = dict(model._modules)
         fast.decoder = copy.deepcopy(model.decoder, memo={id(t): t for t in model.decoder.parameters()})
-        threads = torch.get_num_threads()
-
-        def make(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
-            return StepLinear(weight, bias, threads)
-
-        swapped, fast.generator = fast.decoder, make(model.generator.weight, None)
     else:
-        fast = swapped = copy.deepcopy(model).eval().requires_grad_(False)
-        make = Int8Linear
-    for layer in fast.decoder.layers:  # encoder-decoder attention applies its queries and its keys and values apart
-        cross = layer.cross_attn
-        cross.in_proj = LinearParts(cross.in_proj, (cross.query_rows, cross.key_value_rows), make)
-    swap_linears(swapped, lambda parent, linear: make(linear.weight, linear.bias))
+        fast = copy.deepcopy(model).eval().requires_grad_(False)
+        for layer in fast.decoder.layers:  # encoder-decoder attention applies its queries and its keys and values apart
+            cross = layer.cross_attn
+            cross.in_proj = LinearParts(cross.in_proj, (cross.query_rows, cross.key_value_rows), Int8Linear)
+        swap_linears(fast, lambda parent, linear: Int8Linear(linear.weight, linear.bias))
     if fold:
         for layer, source in zip(fast.decoder.layers, model.decoder.layers):
             layer.cross_attn = FoldedCrossAttention(layer.cross_attn, source.cross_attn)

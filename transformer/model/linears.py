@@ -1,27 +1,20 @@
-"""Linear layers that decoding swaps into the model (transformer.precision chooses which): each computes x W^T + b
-as the nn.Linear it replaces does, with its weights laid out for a CPU's decoding steps or stored in int8.
+"""Linear layers that decoding swaps into the model for int8 (transformer.precision chooses): each computes x W^T + b
+as the nn.Linear it replaces does, with W stored in int8.
 
-A decoding step multiplies a few rows by every weight matrix, so reading the weights is what it waits on.
-``StepLinear`` (fp32): one row is multiplied by W as stored, cut into ``p`` blocks of output rows applied as one
-batched matmul so that p threads each read a block; more rows go through oneDNN's linear on weights packed once
-(the kernel torch.compile's CPU backend gives frozen Linear layers), F.linear where this torch lacks it.
 ``Int8Linear``: PyTorch's dynamic quantized linear (FBGEMM on x86), one operator that quantizes its input per
 call, multiplies in int8 with int32 sums and returns fp32 with the bias added; one weight scale per output row. An
 input's scale is taken over the whole call, so a sentence's output can differ in the last digits with the other
-sentences in its batch.
+sentences in its batch. (fp32 decodes through the model's own Linear layers: weights laid out for a step's few rows
+measured slower inside the model's one step, as bench/README.md records.)
 """
 
 from __future__ import annotations
 
-import platform
 import warnings
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
-
-PACK_ROWS = 32  # the rows oneDNN packs the weights for; measured as fast from 2 rows to 160 as packing for each
 
 
 def swap_linears(module: nn.Module, make: Callable[[nn.Module, nn.Linear], nn.Module]) -> None:
@@ -30,40 +23,6 @@ def swap_linears(module: nn.Module, make: Callable[[nn.Module, nn.Linear], nn.Mo
         for name, child in parent.named_children():
             if isinstance(child, nn.Linear):
                 setattr(parent, name, make(parent, child))
-
-
-def onednn_linear_available() -> bool:
-    """Whether this is an x86 CPU (where it was measured) and torch has oneDNN's linear on packed weights."""
-    ops = torch.ops.mkldnn
-    return (
-        platform.machine().lower() in ("x86_64", "amd64")
-        and torch.backends.mkldnn.is_available()
-        and all(hasattr(ops, name) for name in ("_linear_pointwise", "_reorder_linear_weight"))
-    )
-
-
-class StepLinear(nn.Module):
-    """x W^T + b for fp32 decoding on the CPU, for ``p`` threads; the same product up to float rounding. It holds
-    the layer's own weight and bias (oneDNN's packed weights are one more copy)."""
-
-    def __init__(self, weight: Tensor, bias: Tensor | None, p: int) -> None:
-        super().__init__()
-        self.out_features, self.in_features = weight.shape
-        self.p = max(d for d in range(1, p + 1) if self.out_features % d == 0)
-        w = weight.detach()
-        b = torch.zeros(self.out_features, dtype=w.dtype, device=w.device) if bias is None else bias.detach()
-        self.weight, self.bias = w, b
-        self.blocks, self.block_bias = w.view(self.p, -1, self.in_features), b.view(self.p, -1, 1)
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS) if onednn_linear_available() else None
-
-    def forward(self, x: Tensor) -> Tensor:
-        if x.dim() != 2:
-            return self.forward(x.reshape(-1, self.in_features)).reshape(*x.shape[:-1], self.out_features)
-        if x.size(0) == 1:
-            return torch.baddbmm(self.block_bias, self.blocks, x.t().expand(self.p, -1, -1)).view(1, -1)
-        if self.packed is not None and x.dtype == self.weight.dtype:  # not under an autocast
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
 
 
 def _int8_packed(weight: Tensor, bias: Tensor | None) -> object:
