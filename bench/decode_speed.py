@@ -61,8 +61,11 @@ class Setting:
     batch: int
 
 
-def tfm_decoder(loaded: checkpoint.Loaded, precision: str = "fp32", device: str = "cpu") -> Decoder:
-    """tfm's Translator (one for each beam size asked for); each call's lines form one batch."""
+def tfm_decoder(
+    loaded: checkpoint.Loaded | list[checkpoint.Loaded], precision: str = "fp32", device: str = "cpu"
+) -> Decoder:
+    """tfm's Translator (one for each beam size asked for) of one model or an ensemble; each call's lines form one
+    batch."""
     made: dict[int, Translator] = {}
 
     def decode(lines: list[str], beam: int) -> list[str]:

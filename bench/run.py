@@ -11,6 +11,9 @@ Sections (all by default, or pick with --sections):
   levers   each speed-up measured alone, without and with it (bench.levers)
   contended  the process-wide levers again while 3 other torch processes keep the CPU busy
   compile  torch.compile against eager training (not in the default: compiling takes minutes)
+  ensemble  the ensemble of --checkpoint and each --member against each of them alone, at greedy and beam 5,
+           batches of 32 and 1, all in this process: its seconds per sentence against the sum of the members'
+           (not in the default: it needs the members)
 Decoding, start-up, memory and levers need a trained model: pass --checkpoint, or a small one is trained
 first for --train-minutes. train and compile alone need only its tokenizer, trained in seconds when not given.
 --quick: fewer rounds, the small shape only, 3,000 lines for the memory test, a 3-minute model.
@@ -51,6 +54,7 @@ TARGETS = {
     "help_s": 1.0,
     "translate_s": 3.0,
     "rss_growth": 1.1,
+    "members_vs_ensemble": 1.0,
 }
 
 
@@ -155,6 +159,18 @@ def run_int8(args: argparse.Namespace, loaded, lines: list[str], refs: list[str]
     bleu = decode_speed.full_test_bleu(loaded, lines, refs, ("fp32", "int8"))
     print(f"tfm test BLEU, all {len(lines)} lines: {bleu}", flush=True)
     return {"grid": grid, "bleu_all_lines": bleu}
+
+
+def run_ensemble(args: argparse.Namespace, members: list, lines: list[str], refs: list[str]) -> list[dict[str, Any]]:
+    """The ensemble of ``members`` and each member alone, decoding the same batches in turn; each row adds the
+    members' seconds per sentence summed over the ensemble's (at least 1: no dearer than running them one by one)."""
+    systems = {"tfm": decode_speed.tfm_decoder(members)}
+    systems |= {f"member {i}": decode_speed.tfm_decoder(m) for i, m in enumerate(members, 1)}
+    rows = decode_grid(args, members[0], lines, refs, systems)
+    for r in rows:
+        alone = sum(1 / r[f"member {i}"]["sentences_per_s"] for i in range(1, len(members) + 1))
+        r["members_vs_ensemble"] = alone * r["tfm"]["sentences_per_s"]
+    return rows
 
 
 def run_startup_memory(args: argparse.Namespace, ckpt: Path, sections: set[str]) -> dict[str, Any]:
@@ -285,6 +301,19 @@ def table(result: dict[str, Any]) -> str:
             f"{'peak RSS MB, 1,000 vs ' + big[0][4:] + ' lines (growth)':<60} {small:>10.0f} {large:>10.0f} "
             f"{large / small:>6.2f}x {'<=' + str(t['rss_growth']):>8} {_met(large / small <= t['rss_growth']):>4}"
         )
+    for r in result.get("ensemble", []):
+        search = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
+        members = [v for k, v in r.items() if k.startswith("member ")]
+        n = len(members)
+        one_by_one = 1 / sum(1 / m["sentences_per_s"] for m in members)  # sentences/s running the members in turn
+        name = f"ensemble of {n} {search} batch {r['batch']} sent/s vs members in turn"
+        ratio, target = r["members_vs_ensemble"], t["members_vs_ensemble"]
+        add(
+            f"{name:<60} {r['tfm']['sentences_per_s']:>10.1f} {one_by_one:>10.1f} {ratio:>6.2f}x "
+            f"{'>=' + str(target):>8} {_met(ratio >= target):>4}"
+        )
+        bleus = " ".join(f"{m['bleu']:.2f}" for m in members)
+        add(f"{'  BLEU ensemble / members':<60} {r['tfm']['bleu']:>10.2f} {bleus}")
     for r in result.get("levers", []):
         add(levers.row_line(r))
     return "\n".join(lines)
@@ -299,6 +328,9 @@ def main() -> None:
         type=float,
         default=None,
         help="when no --checkpoint is given (default 20, or 3 with --quick)",
+    )
+    parser.add_argument(
+        "--member", type=Path, action="append", default=[], help="ensemble section: a model decoding with --checkpoint"
     )
     parser.add_argument("--data", default=DEFAULT_DATA, help="Multi30k folder")
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "bench", help="scratch folder")
@@ -342,6 +374,12 @@ def main() -> None:
         result["levers"] = levers.measure(loaded, args.data, lines, args.quick, str(args.runs / ".cache"))
     if "contended" in sections:
         result.setdefault("levers", []).extend(levers.omp_waiting(str(ckpt), args.data, 2 if args.quick else 4, 3))
+    if "ensemble" in sections:
+        if not args.member:
+            parser.error("the ensemble section needs --checkpoint and at least one --member")
+        members = [loaded] + [checkpoint.load(m) for m in args.member]
+        result["ensemble_members"] = [str(m.path) for m in members]
+        result["ensemble"] = run_ensemble(args, members, lines, refs)
     if "compile" in sections:
         cfg = shape_config("small", args.data)
         batches = train_speed.bench_batches(cfg, tok, 8, str(args.runs / ".cache"))

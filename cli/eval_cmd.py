@@ -14,7 +14,7 @@ from transformer.errors import WriteError
 from transformer.files import write_files
 
 if TYPE_CHECKING:
-    from transformer.decoding.translator import TranslateOptions
+    from transformer.decoding.translator import TranslateOptions, Translator
 
 
 def _read(path: Path) -> list[str]:
@@ -27,7 +27,7 @@ def _read(path: Path) -> list[str]:
 
 
 def _command(
-    path: Path,
+    paths: list[Path],
     split: str | None,
     src: Path | None,
     ref: Path | None,
@@ -37,7 +37,7 @@ def _command(
     data_dir: str | None,
 ) -> str:
     """The ``tfm eval`` command line that gives this report again, for the report and a model card."""
-    args = ["tfm", "eval", "--checkpoint", str(path)]
+    args = ["tfm", "eval"] + [arg for path in paths for arg in ("--checkpoint", str(path))]
     named = {"--split": split, "--src": src, "--ref": ref, "--beam": beam, "--alpha": alpha, "--data-dir": data_dir}
     for option, value in named.items():
         if value is not None:
@@ -56,8 +56,29 @@ def _print_scores(scores) -> None:
     )
 
 
+def _best(translator: Translator, sources: list[str], alphas: list[float | None]) -> list[list[str]]:
+    """The 1-best translations of ``sources`` under each length penalty (None: the translator's), [alpha][line]."""
+    if len(alphas) == 1:
+        return [[t.best for t in translator.translate(sources)]]
+    return translator.best_under(sources, alphas)
+
+
+def _members(
+    translator: Translator, options: TranslateOptions, sources: list[str], alphas: list[float | None]
+) -> list[list[list[str]]]:
+    """Each ensemble member's 1-best translations decoding alone, in the ensemble's settings and precision,
+    [member][alpha][line]."""
+    from transformer.decoding.translator import Translator
+
+    alone = dataclasses.replace(options, precision=translator.precision)
+    return [
+        _best(Translator.from_checkpoint(m, alone).with_decode(translator.decode), sources, alphas)
+        for m in translator.members
+    ]
+
+
 def run_eval(
-    checkpoint: Path | None,
+    checkpoints: list[Path] | None,
     split: str | None,
     src: Path | None,
     ref: Path | None,
@@ -71,7 +92,9 @@ def run_eval(
 ) -> None:
     """Print BLEU with its signature and chrF; write hypotheses and scores JSON to ``output_dir`` (default: the
     checkpoint's eval/). The scores are printed before anything is written, so a failed write loses no result.
-    Several ``alphas`` (length penalties) are scored from one beam search, one report each."""
+    Several ``alphas`` (length penalties) are scored from one beam search, one report each. Several checkpoints
+    decode as an ensemble, scored beside each of them alone; the report goes into the first one's eval/, and a model
+    card leaves it out."""
     from transformer import checkpoint as ckpt
     from transformer.errors import DataError
     from transformer.scoring import score
@@ -81,7 +104,7 @@ def run_eval(
             fail("--hyp needs --ref")
         if src is not None:
             fail("--hyp scores an existing file and --src translates one; give one of them")
-        cfg = ckpt.read_config(checkpoint) if checkpoint is not None else None
+        cfg = ckpt.read_config(checkpoints[0]) if checkpoints else None
         lang = cfg.data.tgt_lang if cfg else "en"
         _print_scores(score(_read(hyp), _read(ref), lang, cfg.decode.bleu_tokenize if cfg else None))
         return
@@ -90,8 +113,8 @@ def run_eval(
     from transformer.decoding.translator import Translator
     from transformer.text.corpus import load_split
 
-    path = checkpoint or ckpt.newest(runs)
-    translator = Translator.from_checkpoint(path, options)
+    paths = checkpoints or [ckpt.newest(runs)]
+    translator = Translator.from_checkpoint(paths, options)
     cfg, decode = translator.checkpoint.cfg, translator.decode
     if src is not None and ref is not None:
         sources, references, name = _read(src), _read(ref), src.name
@@ -109,31 +132,37 @@ def run_eval(
             ) from None
         sources, references = list(corpus.src), list(corpus.tgt)
     alphas = alphas or [None]
-    out_dir = output_dir or path / ckpt.EVAL
-    stems = [f"{name}.beam{decode.beam}" + (f".alpha{a:g}" if a is not None else "") for a in alphas]
+    out_dir = output_dir or paths[0] / ckpt.EVAL
+    ensemble = f".ensemble{len(paths)}" if len(paths) > 1 else ""
+    stems = [f"{name}.beam{decode.beam}{ensemble}" + (f".alpha{a:g}" if a is not None else "") for a in alphas]
     reports = [(out_dir / f"{stem}.hyp", out_dir / f"{stem}.json") for stem in stems]
-    check_reports([r for pair in reports for r in pair], overwrite, (*ckpt.read_files(path), src, ref))
-    if len(alphas) == 1:
-        hyps_per_alpha = [[t.best for t in translator.translate(sources)]]
-    else:
-        hyps_per_alpha = translator.best_under(sources, alphas)
+    read = [f for path in paths for f in ckpt.read_files(path)]
+    check_reports([r for pair in reports for r in pair], overwrite, (*read, src, ref))
+    hyps_per_alpha = _best(translator, sources, alphas)
+    members = _members(translator, options, sources, alphas) if ensemble else []
     results = []
-    for alpha, hyps in zip(alphas, hyps_per_alpha):
+    for i, (alpha, hyps) in enumerate(zip(alphas, hyps_per_alpha)):
         scores = score(hyps, references, cfg.data.tgt_lang, decode.bleu_tokenize)
         if len(alphas) > 1:
             print(f"alpha {alpha:g}:")
         _print_scores(scores)
-        results.append(
-            {
-                "checkpoint": str(path),
-                "split": name,
-                "beam": decode.beam,
-                "alpha": decode.alpha if alpha is None else alpha,
-                "precision": translator.precision,
-                **scores.as_dict(),
-                "command": _command(path, split, src, ref, options.beam, alpha, options.precision, data_dir),
-            }
-        )
+        result = {
+            "checkpoint": str(paths[0]),
+            "split": name,
+            "beam": decode.beam,
+            "alpha": decode.alpha if alpha is None else alpha,
+            "precision": translator.precision,
+            **scores.as_dict(),
+            "command": _command(paths, split, src, ref, options.beam, alpha, options.precision, data_dir),
+        }
+        if ensemble:
+            result["members"] = []
+            for path, member in zip(paths, members):
+                alone = score(member[i], references, cfg.data.tgt_lang, decode.bleu_tokenize)
+                command = _command([path], split, src, ref, options.beam, alpha, options.precision, data_dir)
+                print(f"  alone: BLEU = {alone.bleu:.2f}  chrF = {alone.chrf:.2f}  {command}", flush=True)
+                result["members"].append({"checkpoint": str(path), **alone.as_dict(), "command": command})
+        results.append(result)
     texts = {}
     for (hyp_file, json_file), hyps, result in zip(reports, hyps_per_alpha, results):
         texts[hyp_file.name] = "".join(h + "\n" for h in hyps)

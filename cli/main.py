@@ -78,8 +78,8 @@ def train(
 @app.command()
 def translate(
     text: Optional[str] = typer.Argument(None, help="Sentence to translate; omit to read --input or stdin"),
-    checkpoint: Optional[Path] = typer.Option(
-        None, "--checkpoint", help="Checkpoint directory (default: newest run's best)"
+    checkpoint: Optional[List[Path]] = typer.Option(
+        None, "--checkpoint", help="Checkpoint directory (default: newest run's best); repeat it for an ensemble"
     ),
     input_: Optional[Path] = typer.Option(None, "--input", "-i", help="File with one sentence per line"),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write translations here (default: stdout)"),
@@ -113,8 +113,8 @@ def translate(
 
 @app.command()
 def serve(
-    checkpoint: Optional[Path] = typer.Option(
-        None, "--checkpoint", help="Checkpoint directory (default: newest run's best)"
+    checkpoint: Optional[List[Path]] = typer.Option(
+        None, "--checkpoint", help="Checkpoint directory (default: newest run's best); repeat it for an ensemble"
     ),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)"),
     port: int = typer.Option(8000, "--port", help="Port to listen on (0: any free port)"),
@@ -143,8 +143,8 @@ def serve(
 
 @app.command(name="eval")
 def eval_(
-    checkpoint: Optional[Path] = typer.Option(
-        None, "--checkpoint", help="Checkpoint directory (default: newest run's best)"
+    checkpoint: Optional[List[Path]] = typer.Option(
+        None, "--checkpoint", help="Checkpoint directory (default: newest run's best); repeat it for an ensemble"
     ),
     split: Optional[str] = typer.Option(None, "--split", help="Split to score (default: the config's test split)"),
     src: Optional[Path] = typer.Option(None, "--src", help="Source file to translate instead of a split"),
@@ -261,7 +261,7 @@ def attention(
 
 @app.command()
 def export(
-    checkpoint: Path = typer.Option(..., "--checkpoint", help="Checkpoint directory, e.g. runs/small/best"),
+    checkpoint: List[Path] = typer.Option(..., "--checkpoint", help="Checkpoint directory, e.g. runs/small/best"),
     output: Path = typer.Option(..., "--output", "-o", help="Directory to write the exported model into"),
     format_: str = typer.Option(
         "ctranslate2", "--format", help="ctranslate2 or hf (a MarianMTModel folder for transformers)"
@@ -270,9 +270,14 @@ def export(
 ) -> None:
     """Convert a checkpoint for CTranslate2 or Hugging Face transformers, weights and vocabulary included."""
     with user_errors():
+        if len(checkpoint) > 1:
+            fail(
+                f"tfm export writes one model and {len(checkpoint)} checkpoints were given (CTranslate2 and Marian "
+                "folders hold one model, not an ensemble); export each --checkpoint on its own"
+            )
         from transformer.export.write import export as export_checkpoint
 
-        path = export_checkpoint(checkpoint, output, format_, overwrite)
+        path = export_checkpoint(checkpoint[0], output, format_, overwrite)
     print(path)
 
 

@@ -55,9 +55,10 @@ def _stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 
 def run_serve(
-    checkpoint: Path | None, host: str, port: int, max_wait_ms: float, runs: Path, options: TranslateOptions
+    checkpoints: list[Path] | None, host: str, port: int, max_wait_ms: float, runs: Path, options: TranslateOptions
 ) -> None:
-    """Serve ``checkpoint`` on ``host:port`` until stopped; every check comes before the model is loaded."""
+    """Serve ``checkpoints`` (one model, or several as an ensemble) on ``host:port`` until stopped; every check comes
+    before the models are loaded."""
     try:
         import uvicorn  # noqa: F401 - here, to name the extra before any work
 
@@ -74,12 +75,12 @@ def run_serve(
     sock = _bind(host, port)
     try:
         limits = Limits()
-        path = checkpoint or ckpt.newest(runs)
-        batcher = Batcher(lambda: Translator.from_checkpoint(path, options), max_wait_ms / 1000, limits.max_pending)
+        paths = checkpoints or [ckpt.newest(runs)]
+        batcher = Batcher(lambda: Translator.from_checkpoint(paths, options), max_wait_ms / 1000, limits.max_pending)
         try:
-            served = batcher.translator.checkpoint
+            served = batcher.translator.members
             app = create_app(served, batcher, limits)
-            _serve(app, sock, limits, f"serving {served.path} on")
+            _serve(app, sock, limits, f"serving {' + '.join(str(m.path) for m in served)} on")
         finally:
             batcher.close()
     finally:

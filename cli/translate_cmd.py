@@ -45,14 +45,15 @@ def _output(output: Path | None) -> Iterator[IO[str]]:
 
 def run_translate(
     text: str | None,
-    checkpoint: Path | None,
+    checkpoints: list[Path] | None,
     input_: Path | None,
     output: Path | None,
     runs: Path,
     overwrite: bool,
     options: TranslateOptions,
 ) -> None:
-    """Translate ``text``, ``--input`` or stdin into ``--output`` or stdout; every check comes before any work."""
+    """Translate ``text``, ``--input`` or stdin into ``--output`` or stdout with one checkpoint or an ensemble of
+    several; every check comes before any work."""
     from transformer import checkpoint as ckpt
     from transformer.decoding.translator import Translator
 
@@ -60,12 +61,13 @@ def run_translate(
         fail("give either a sentence or --input FILE, not both")
     if input_ is not None:
         check_input(input_)
-    path = checkpoint or ckpt.newest(runs)
+    paths = checkpoints or [ckpt.newest(runs)]
+    read = [f for path in paths for f in ckpt.read_files(path)]
     if output is not None:
-        check_output(output, overwrite, (input_, *ckpt.read_files(path)))
+        check_output(output, overwrite, (input_, *read))
     else:
-        check_stdout((input_, *ckpt.read_files(path)))
-    translator = Translator.from_checkpoint(path, options)
+        check_stdout((input_, *read))
+    translator = Translator.from_checkpoint(paths, options)
     with contextlib.ExitStack() as stack:
         if text is not None:
             lines: Iterator[str] = _lines([os.fsencode(text)], "the sentence")  # argv keeps bad bytes as surrogates

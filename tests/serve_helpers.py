@@ -99,7 +99,7 @@ def serving(loaded: Any, limits: Limits, translator: Any) -> Iterator[str]:
 
     batcher = Batcher(lambda: translator, max_wait=0.005, max_pending=64)
     try:
-        with in_thread(create_app(loaded, batcher, limits), limits) as url:
+        with in_thread(create_app([loaded], batcher, limits), limits) as url:
             yield url
     finally:
         batcher.close()

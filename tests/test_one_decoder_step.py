@@ -6,7 +6,11 @@ had beside the model) would double what a reader must check and let a bug in one
 from __future__ import annotations
 
 import ast
+import inspect
+import textwrap
 from pathlib import Path
+
+from transformer.decoding.ensemble import Ensemble
 
 LIBRARY = Path(__file__).resolve().parents[1] / "transformer"
 STEPS = {"decode_step", "step"}  # what a decoder step is called: the model's, and a layer's
@@ -34,7 +38,15 @@ def test_the_decoder_step_is_defined_once_in_the_model():
     assert step_definitions() == {
         ("transformer/model/transformer.py", "Transformer", "decode_step"),
         ("transformer/model/transformer.py", "DecoderLayer", "step"),
+        ("transformer/decoding/ensemble.py", "Ensemble", "decode_step"),  # its members' own steps, combined
     }
+
+
+def test_an_ensembles_step_is_its_members_own_steps_combined():
+    """An ensemble calls each member's decode_step and combines their distributions; it computes no layer itself."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(Ensemble.decode_step)))
+    called = {n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
+    assert "decode_step" in called and not called & {"step", "self_step", "cross_step", "generator", "embed", "norm"}
 
 
 def test_a_second_step_would_be_found(tmp_path):

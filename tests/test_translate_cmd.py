@@ -84,7 +84,7 @@ def test_any_bytes_file_gives_one_output_line_per_input_line(tiny_checkpoint, tm
     src, out = tmp_path / "in.bin", tmp_path / "out.txt"
     src.write_bytes(b"".join(row + b"\n" for row in rows))
     out.unlink(missing_ok=True)  # hypothesis runs every example in the same tmp_path
-    run_translate(None, tiny_checkpoint, src, out, tmp_path, False, TranslateOptions("cpu", beam=1, nbest=1))
+    run_translate(None, [tiny_checkpoint], src, out, tmp_path, False, TranslateOptions("cpu", beam=1, nbest=1))
     assert out.read_text(encoding="utf-8").count("\n") == len(rows)
 
 

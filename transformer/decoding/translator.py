@@ -20,9 +20,10 @@ import torch
 
 from transformer.checkpoint import Loaded, load
 from transformer.config import DecodeConfig, check_decode
+from transformer.decoding.ensemble import Ensemble, check_members
 from transformer.decoding.search import Hypothesis, beam_finished, beam_search, greedy_search, ranked
 from transformer.device import resolve_device
-from transformer.errors import TranslateError
+from transformer.errors import ConfigError, TranslateError
 from transformer.model.speed import shape_changing_attention
 from transformer.model.transformer import Transformer
 from transformer.precision import autocast, check_precision, decoding_model, decoding_precision
@@ -86,27 +87,44 @@ class TranslateOptions:
 
 
 class Translator:
-    """A trained model (``checkpoint``: its config, tokenizer and weights) decoding text in ``decode``'s settings (beam,
-    n-best, length penalty, lengths, batch size), on ``device`` in ``precision`` (what auto chose), through ``model``:
-    the model as that precision decodes it (precision.decoding_model). Made by ``from_checkpoint``."""
+    """A trained model (``checkpoint``: its config, tokenizer and weights), or an ensemble of several (``members``,
+    the first of them ``checkpoint``), decoding text in ``decode``'s settings (beam, n-best, length penalty, lengths,
+    batch size), on ``device`` in ``precision`` (what auto chose), through ``model``: the model as that precision
+    decodes it (precision.decoding_model), or the members' as one (decoding.ensemble). Made by ``from_checkpoint``."""
 
     def __init__(
-        self, checkpoint: Loaded, model: Transformer, decode: DecodeConfig, device: torch.device, precision: str
+        self,
+        members: Sequence[Loaded],
+        model: Transformer | Ensemble,
+        decode: DecodeConfig,
+        device: torch.device,
+        precision: str,
     ) -> None:
-        self.checkpoint, self.model, self.decode = checkpoint, model, decode
+        self.members, self.checkpoint = list(members), members[0]
+        self.model, self.decode = model, decode
         self.device, self.precision = device, precision
-        self.tokenizer = checkpoint.tokenizer
-        self.max_positions = checkpoint.cfg.model.max_positions
-        self.lowercase = checkpoint.cfg.data.lowercase  # trained on lowercased text: input is lowercased as it was
+        self.tokenizer = self.checkpoint.tokenizer
+        self.max_positions = min(m.cfg.model.max_positions for m in members)
+        self.lowercase = self.checkpoint.cfg.data.lowercase  # trained on lowercased text: input is lowercased as it was
         self.warn = lambda msg: print(f"warning: {msg}", file=sys.stderr)
 
     @classmethod
-    def from_checkpoint(cls, checkpoint: Path | Loaded, options: TranslateOptions) -> Translator:
-        """The one way to make a Translator: ``checkpoint`` a directory (loaded onto the device) or one already in
-        memory (the trainer's model as it validates), under ``options``; what the decode settings given and the
-        checkpoint's say together is checked here. The model is prepared for decoding now, once."""
+    def from_checkpoint(
+        cls, checkpoint: str | Path | Loaded | Sequence[str | Path | Loaded], options: TranslateOptions
+    ) -> Translator:
+        """The one way to make a Translator: ``checkpoint`` a directory (loaded onto the device), one already in
+        memory (the trainer's model as it validates), or several directories decoding as an ensemble, under
+        ``options``; what the decode settings given and the (first) checkpoint's say together is checked here, and
+        an ensemble's members against each other (ensemble.check_members). The models are prepared for decoding
+        now, once (auto picks the precision for the first one's shape); one model decodes alone, exactly as outside an
+        ensemble."""
         device = options.device  # a torch device since __post_init__
-        loaded = checkpoint if isinstance(checkpoint, Loaded) else load(checkpoint, device)
+        given = [checkpoint] if isinstance(checkpoint, (str, Path, Loaded)) else list(checkpoint)
+        if not given:
+            raise ConfigError("no checkpoint to translate with; give one (--checkpoint DIR) or several for an ensemble")
+        members = [c if isinstance(c, Loaded) else load(c, device) for c in given]
+        check_members(members)
+        loaded = members[0]
         d = loaded.cfg.decode
         decode = replace(
             d,
@@ -117,7 +135,8 @@ class Translator:
         )
         check_decode(decode, loaded.tokenizer.vocab_size)  # the settings given against the checkpoint's and its model
         precision = decoding_precision(options.precision, loaded.model, device, lambda msg: print(msg, file=sys.stderr))
-        return cls(loaded, decoding_model(loaded.model, precision, device), decode, device, precision)
+        models = [decoding_model(m.model, precision, device) for m in members]
+        return cls(members, models[0] if len(models) == 1 else Ensemble(models), decode, device, precision)
 
     def with_decode(self, decode: DecodeConfig) -> Translator:
         """The same model, tokenizer and device under other decode settings, checked where they came in (a server's

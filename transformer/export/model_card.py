@@ -13,14 +13,15 @@ from transformer.checkpoint import EVAL, Loaded
 
 
 def _scores(checkpoint: Path) -> list[dict]:
-    """The eval reports written into the checkpoint, sorted by file name; unreadable files are skipped."""
+    """The eval reports of this model written into the checkpoint, sorted by file name; unreadable files and the
+    reports of ensembles it led are skipped."""
     reports = []
     for path in sorted((checkpoint / EVAL).glob("*.json")):
         try:
             report = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        if isinstance(report, dict) and "bleu" in report:
+        if isinstance(report, dict) and "bleu" in report and "members" not in report:  # not an ensemble's
             reports.append(report)
     return reports
 

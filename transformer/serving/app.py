@@ -73,10 +73,12 @@ def _translation(t: Translation, nbest: int) -> dict[str, Any]:
     return {**best, "nbest": _hypotheses(t)} if nbest > 1 else best
 
 
-def create_app(loaded: Loaded, batcher: Batcher, limits: Limits) -> Starlette:
-    """The app serving ``loaded`` through ``batcher`` (whose Translator holds the default decode settings)."""
+def create_app(members: list[Loaded], batcher: Batcher, limits: Limits) -> Starlette:
+    """The app serving ``members`` (one checkpoint, or an ensemble's) through ``batcher`` (whose Translator holds the
+    default decode settings); the attention picture is the first member's."""
+    loaded = members[0]
     cfg, tokenizer = loaded.cfg, loaded.tokenizer
-    max_positions = cfg.model.max_positions
+    max_positions = batcher.translator.max_positions
     defaults = batcher.translator.decode
     pages = {path: ((STATIC / name).read_bytes(), kind) for path, (name, kind) in PAGE_FILES.items()}
 
@@ -123,6 +125,7 @@ def create_app(loaded: Loaded, batcher: Batcher, limits: Limits) -> Starlette:
             {
                 "checkpoint": str(loaded.path),
                 "step": loaded.meta.get("step"),
+                "ensemble": [{"checkpoint": str(m.path), "step": m.meta.get("step")} for m in members],
                 "source": cfg.data.src_lang,
                 "target": cfg.data.tgt_lang,
                 "vocab_size": tokenizer.vocab_size,

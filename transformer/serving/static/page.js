@@ -88,8 +88,10 @@ async function start() {
   try {
     const info = await call("info");
     const model = info.config.model;
-    $("model").textContent = `${info.source} → ${info.target} · ${info.checkpoint} · step ${info.step} · `
-      + `${model.N} layers, ${model.h} heads`;
+    const served = info.ensemble.length > 1
+      ? `an ensemble of ${info.ensemble.length}: ${info.ensemble.map((m) => m.checkpoint).join(" + ")}`
+      : `${info.checkpoint} · step ${info.step}`;
+    $("model").textContent = `${info.source} → ${info.target} · ${served} · ${model.N} layers, ${model.h} heads`;
     options($("layer"), model.N, model.N);
     options($("head"), model.h, 1);
   } catch (error) {
