@@ -6,9 +6,10 @@ All variants train at once, each a ``tfm train`` process with ``--threads`` Open
 are translated on the validation split with the config's beam, at every length penalty of ``--alpha`` from one
 beam search each (the config's penalty without it), and each run's checkpoint and penalty are chosen on val.
 The run chosen on val is written as a checkpoint of its own with its penalty in its config (``<run>.chosen``),
-so that ``tfm translate`` uses it; with ``--test`` that checkpoint, and only that one, is scored on the test
-split: the search itself never looks at test. Runs sharing a GPU or CPU slow each other, so their minutes and
-tokens per second are not what one run alone would take.
+so that ``tfm translate`` uses it. With ``--ensemble A,B,...`` the named runs' checkpoints chosen on val also decode
+together as an ensemble, scored on val at the same penalties, and it competes with the best run. With ``--test`` the
+one chosen on val, and only that one, is scored on the test split: the search itself never looks at test. Runs
+sharing a GPU or CPU slow each other, so their minutes and tokens per second are not what one run alone would take.
 
     python -m bench.recipe_search --config multi30k-de-en --device cuda --minutes 5.5 --variant recipe \\
         --variant "dropout02 model.dropout=0.2" --alpha 1 --alpha 2 --alpha 3 --average 3 --average 5 \\
@@ -30,6 +31,7 @@ from bench.common import DEFAULT_DATA, ROOT, machine
 from transformer import checkpoint
 
 CHOSEN = "chosen"  # the checkpoint chosen on val, with its length penalty, beside the runs: <run>.chosen
+ENSEMBLE = "ensemble"  # the name of the --ensemble runs decoding together
 
 
 def _tfm(args: list[str], log: Path, threads: int) -> subprocess.Popen:
@@ -78,15 +80,23 @@ def _scores(folder: Path) -> dict[float, dict]:
 
 
 def _evaluate(
-    runs: Path, checkpoints: dict[str, Path], split: str, data: str, device: str, threads: int, alphas: list[float]
+    runs: Path,
+    checkpoints: dict[str, Path | list[Path]],
+    split: str,
+    data: str,
+    device: str,
+    threads: int,
+    alphas: list[float],
 ) -> dict[str, dict[float, dict]]:
-    """Score each named checkpoint on ``split`` ("valid" or "test": its config names them), all at once, at
-    every length penalty of ``alphas`` (the config's if empty), each checkpoint from one beam search."""
+    """Score each named checkpoint (or ensemble: a list of them) on ``split`` ("valid" or "test": its config names
+    them), all at once, at every length penalty of ``alphas`` (the config's if empty), each from one beam search."""
     procs = {}
     (runs / "eval").mkdir(exist_ok=True)
-    for name, path in checkpoints.items():
-        which = ["--split", checkpoint.read_config(path).data.valid_split] if split == "valid" else []
-        args = ["eval", "--checkpoint", str(path), *which, "--data-dir", data, "--device", device, "--overwrite"]
+    for name, given in checkpoints.items():
+        paths = given if isinstance(given, list) else [given]
+        which = ["--split", checkpoint.read_config(paths[0]).data.valid_split] if split == "valid" else []
+        args = ["eval", *[a for path in paths for a in ("--checkpoint", str(path))], *which]
+        args += ["--data-dir", data, "--device", device, "--overwrite"]
         args += [a for alpha in alphas for a in ("--alpha", str(alpha))]
         procs[name] = _tfm(
             [*args, "--output-dir", str(runs / "eval" / f"{name}.{split}")], runs / f"{name}.{split}.txt", threads
@@ -122,9 +132,11 @@ def search(
     reach: float | None = None,
     alphas: list[float] | None = None,
     averages: list[int] | None = None,
+    ensemble: list[str] | None = None,
 ) -> dict:
     """Train every variant (name: its overrides) side by side; choose each one's checkpoint and length penalty on
-    val; write the best run's choice as ``<name>.chosen`` and, if ``test``, score that one on test."""
+    val; write the best run's choice as ``<name>.chosen``; score the ``ensemble`` runs' choices decoding together on
+    val; and, if ``test``, score on test whichever of the best run and the ensemble val chose."""
     alphas, averages = alphas or [], averages or [3]
     runs.mkdir(parents=True, exist_ok=True)
     train = {
@@ -184,15 +196,31 @@ def search(
                 choices[name] = chosen
                 entry["chosen_on_val"] = dict(zip(("checkpoint", "alpha", "bleu"), chosen))
         result["runs"][name] = entry
+    members = [checkpoints[(n, choices[n][0])] for n in ensemble or [] if n in choices]
+    if ensemble and len(members) == len(ensemble):
+        scored = _evaluate(runs, {ENSEMBLE: members}, "valid", data, device, threads, alphas)[ENSEMBLE]
+        result[ENSEMBLE] = {"members": [str(m) for m in members], "val": {str(a): s for a, s in scored.items()}}
+        if together := _choose({ENSEMBLE: scored}):
+            result[ENSEMBLE]["chosen_on_val"] = {"alpha": together[1], "bleu": together[2]}
     if choices:
         name = max(choices, key=lambda n: choices[n][2])
         ck, alpha, bleu = choices[name]
         why = {"run": name, "checkpoint": ck, "alpha": alpha, "bleu": bleu}
         path = _write_chosen(checkpoints[(name, ck)], alpha, runs / f"{name}.{CHOSEN}", why)
-        result["chosen_on_val"] = {**why, "path": str(path)}
+        result["best_run_on_val"] = {**why, "path": str(path)}
+        result["chosen_on_val"] = dict(result["best_run_on_val"])
+        together = result.get(ENSEMBLE, {}).get("chosen_on_val")
+        if together and together["bleu"] > bleu:  # the ensemble beats the best run on val: it is the choice
+            command = " ".join(
+                ["tfm translate", *[f"--checkpoint {m}" for m in members], f"--alpha {together['alpha']:g}"]
+            )
+            result["chosen_on_val"] = {"run": ENSEMBLE, **together, "members": result[ENSEMBLE]["members"]}
+            result["chosen_on_val"]["translate"] = command
         if test:
-            scored = _evaluate(runs, {f"{name}.{CHOSEN}": path}, "test", data, device, threads, [])
-            result["chosen_on_val"]["test"] = next(iter(scored[f"{name}.{CHOSEN}"].values()), None)
+            chosen = result["chosen_on_val"]
+            given, at = (members, [chosen["alpha"]]) if chosen["run"] == ENSEMBLE else (path, [])
+            scored = _evaluate(runs, {f"{chosen['run']}.{CHOSEN}": given}, "test", data, device, threads, at)
+            chosen["test"] = next(iter(scored[f"{chosen['run']}.{CHOSEN}"].values()), None)
     return result
 
 
@@ -211,11 +239,18 @@ def _table(result: dict) -> str:
         rows.append(
             f"{name:20} {r['updates']:7}  {r['minutes']:7}  {share:>9}  {chosen:39}  {r['seconds_to_reach'] or '-'}"
         )
+    together = result.get(ENSEMBLE, {}).get("chosen_on_val")
+    if together:
+        rows.append(
+            f"{'ensemble':20} of {len(result[ENSEMBLE]['members'])} runs' choices at alpha {together['alpha']:g}: "
+            f"{together['bleu']:.2f}"
+        )
     chosen = result.get("chosen_on_val")
     if chosen:
         test = chosen.get("test")
+        where = chosen.get("translate") or f"{chosen['run']}/{chosen['checkpoint']} in {chosen['path']}"
         rows.append(
-            f"chosen on val: {chosen['run']}/{chosen['checkpoint']} at alpha {chosen['alpha']:g}, in {chosen['path']}"
+            f"chosen on val: {where} at alpha {chosen['alpha']:g}"
             + (
                 f"; test BLEU {test['bleu']:.2f} (lowercased {test['bleu_lc']:.2f}), chrF {test['chrf']:.2f}"
                 if test
@@ -256,6 +291,9 @@ def main(argv: list[str] | None = None) -> dict:
         dest="averages",
         help="also score the mean of the last K checkpoints of each run (repeatable; default: 3)",
     )
+    p.add_argument(
+        "--ensemble", help="'A,B,...': these variants' checkpoints chosen on val also decode together as an ensemble"
+    )
     p.add_argument("--test", action="store_true", help="score the one chosen on val on the test split")
     p.add_argument("--json", type=Path, help="write the result here too")
     p.add_argument("--reach", type=float, help="report the first second each run's greedy val BLEU reached this")
@@ -263,6 +301,9 @@ def main(argv: list[str] | None = None) -> dict:
     named = {v.split()[0]: v.split()[1:] for v in args.variant if v.split()}
     if len(named) != len(args.variant):
         p.error("each --variant needs a name of its own")
+    ensemble = args.ensemble.split(",") if args.ensemble else None
+    if ensemble and (len(ensemble) < 2 or set(ensemble) - set(named)):
+        p.error("--ensemble names two or more of the --variant runs, separated by commas")
     result = search(
         args.config,
         named,
@@ -276,6 +317,7 @@ def main(argv: list[str] | None = None) -> dict:
         args.reach,
         args.alphas,
         args.averages,
+        ensemble,
     )
     result = {
         "date": date.today().isoformat(),

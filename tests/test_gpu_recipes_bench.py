@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu_recipes import AVERAGES, DIRECTIONS, GPU, QUICK_ALPHAS, VARIANTS, main
+from bench.gpu_recipes import AVERAGES, DIRECTIONS, ENSEMBLE, GPU, QUICK_ALPHAS, VARIANTS, main
 from transformer.config_file import load
 
 
@@ -16,18 +16,22 @@ def test_every_variant_is_a_config_tfm_accepts(direction: str):
 
 
 def test_both_directions_search_train_score_on_val_and_test_the_chosen(multi30k_dir: Path, tmp_path: Path):
-    """--quick: every step of round two on the CPU, the length-penalty grid and the averages of 3 and 5 included."""
+    """--quick: every step of round two on the CPU, the length-penalty grid, the averages of 3 and 5 and the ensemble
+    of the recipe's seeds included."""
     out = tmp_path / "out"
     args = ["--data", str(multi30k_dir), "--device", "cpu", "--quick", "--runs", str(tmp_path / "runs")]
     results = main([*args, "--out", str(out), "--minutes", "2"])
     assert sorted(p.name for p in out.glob("*.json")) == sorted(f"{d}.json" for d in DIRECTIONS)
     for direction, result in results.items():
-        assert list(result["runs"]) == ["recipe"]
-        run = result["runs"]["recipe"]
-        assert run["exit_code"] == 0 and run["updates"] == 5, direction
-        assert {ck: sorted(by_alpha) for ck, by_alpha in run["val"].items()} == {
-            ck: [str(a) for a in QUICK_ALPHAS] for ck in ("best", *(f"avg{k}" for k in AVERAGES))
-        }
+        assert list(result["runs"]) == list(ENSEMBLE)
+        for run in result["runs"].values():
+            assert run["exit_code"] == 0 and run["updates"] == 5, direction
+            assert {ck: sorted(by_alpha) for ck, by_alpha in run["val"].items()} == {
+                ck: [str(a) for a in QUICK_ALPHAS] for ck in ("best", *(f"avg{k}" for k in AVERAGES))
+            }
+        assert len(result["ensemble"]["members"]) == 3 and sorted(result["ensemble"]["val"]) == sorted(
+            str(a) for a in QUICK_ALPHAS
+        )
         assert "bleu_lc" in result["chosen_on_val"]["test"]
         assert result["chosen_on_val"]["test"]["alpha"] == result["chosen_on_val"]["alpha"]
     assert (out / "curves.png").stat().st_size > 0

@@ -31,7 +31,7 @@ def test_variants_are_compared_on_val_and_only_the_chosen_one_is_tested(tmp_path
             *("--config", "quickstart", "--data", str(SAMPLE), "--device", "cpu", "--minutes", "2"),
             *("--runs", str(runs), "--variant", "plain", "--variant", "dropout0 model.dropout=0.0"),
             *("--variant", "typo train.lerning_rate=1", "--test", "--reach", "0", "--json", str(tmp_path / "r.json")),
-            *("--alpha", "0.5", "--alpha", "2", "--average", "2", "--average", "3"),
+            *("--alpha", "0.5", "--alpha", "2", "--average", "2", "--average", "3", "--ensemble", "plain,dropout0"),
             *QUICK,
         ]
     )
@@ -52,12 +52,24 @@ def test_variants_are_compared_on_val_and_only_the_chosen_one_is_tested(tmp_path
             == scores[(n, own["checkpoint"], own["alpha"])]
             == max(b for (m, _, _), b in scores.items() if m == n)
         )
-    chosen = result["chosen_on_val"]
-    assert scores[(chosen["run"], chosen["checkpoint"], chosen["alpha"])] == max(scores.values())
-    written = read_config(Path(chosen["path"]))  # the choice, with its length penalty for tfm translate
-    assert written.decode.alpha == chosen["alpha"] and written.model.dropout == (
-        0.0 if chosen["run"] == "dropout0" else 0.1
+    best = result["best_run_on_val"]
+    assert scores[(best["run"], best["checkpoint"], best["alpha"])] == max(scores.values())
+    written = read_config(Path(best["path"]))  # the best run's choice, with its length penalty for tfm translate
+    assert written.decode.alpha == best["alpha"] and written.model.dropout == (
+        0.0 if best["run"] == "dropout0" else 0.1
     )
+    together = result["ensemble"]  # the two runs' choices decoding together, scored on val at the same penalties
+    assert together["members"] == [
+        str(runs / n / "best")
+        if result["runs"][n]["chosen_on_val"]["checkpoint"] == "best"
+        else str(runs / f"{n}.{result['runs'][n]['chosen_on_val']['checkpoint']}")
+        for n in ("plain", "dropout0")
+    ]
+    assert sorted(together["val"]) == ["0.5", "2.0"]
+    chosen = result["chosen_on_val"]  # the ensemble only if it beats the best run on val
+    ensemble_wins = together["chosen_on_val"]["bleu"] > best["bleu"]
+    assert chosen["run"] == ("ensemble" if ensemble_wins else best["run"])
+    assert chosen["bleu"] == max(together["chosen_on_val"]["bleu"], best["bleu"])
     assert chosen["test"]["alpha"] == chosen["alpha"] and 0 <= chosen["test"]["bleu"] <= 100
     assert "case:lc" in chosen["test"]["bleu_lc_signature"]
     curve = plain["greedy_val_bleu_by_second"]  # a validation at each of the 3 updates, then the final one
