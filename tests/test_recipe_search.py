@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from tiny import SAMPLE
 
-from bench.recipe_search import main
+from bench.recipe_search import _direction_choice, main
 from transformer.checkpoint import read_config
 
 QUICK = [
@@ -84,3 +84,25 @@ def test_variants_need_names_of_their_own(tmp_path):
     with pytest.raises(SystemExit) as e:
         main(["--config", "quickstart", "--variant", "a", "--variant", "a model.dropout=0.2", "--runs", str(tmp_path)])
     assert e.value.code == 2
+
+
+def test_the_ensemble_is_the_choice_only_when_it_beats_the_best_run_on_val():
+    best = {"run": "recipe", "checkpoint": "avg3", "alpha": 3.0, "bleu": 41.0, "path": "runs/recipe.chosen"}
+    ensemble = {
+        "members": ["runs/recipe/best", "runs/recipe-seed2.avg3"],
+        "chosen_on_val": {"alpha": 2.0, "bleu": 41.5},
+    }
+    chosen = _direction_choice(best, ensemble)
+    assert (chosen["run"], chosen["alpha"], chosen["bleu"], chosen["members"]) == (
+        "ensemble",
+        2.0,
+        41.5,
+        ensemble["members"],
+    )
+    assert (
+        chosen["translate"]
+        == "tfm translate --checkpoint runs/recipe/best --checkpoint runs/recipe-seed2.avg3 --alpha 2"
+    )
+    for bleu in (41.0, 40.0):  # a tie or less: the single run, which decodes at a fraction of the cost
+        assert _direction_choice(best, {**ensemble, "chosen_on_val": {"alpha": 2.0, "bleu": bleu}}) == best
+    assert _direction_choice(best, None) == best
