@@ -77,22 +77,13 @@ def _eval_mode(model: nn.Module) -> Iterator[None]:
 
 
 class _Search:
-    """What greedy and beam search share: encoding, per-sentence length limits, next-token log-probs, and the state
-    the model keeps between steps (reordered with the beams, through ``select``)."""
+    """What greedy and beam search share: encoding, per-sentence length limits, next-token log-probs."""
 
     def __init__(self, model: nn.Module, src: Tensor, start_id: int, end_id: int, max_len_a: float, max_len_b: int):
         self.model, self.end_id = model, end_id
         self.banned = torch.tensor([model.pad_id, start_id], device=src.device)
         self.max_lens = max_output_lengths((src != model.pad_id).sum(1), max_len_a, max_len_b).tolist()
         self.state = model.start_state(*model.encode(src))
-
-    def log_probs(self, tokens: Tensor) -> Tensor:
-        """Next-token log-probabilities [rows, V] after ``tokens``, which the model's state takes in."""
-        return F.log_softmax(self.model.decode_step(tokens, self.state).float(), dim=-1)
-
-    def select(self, rows: Tensor, sentences: Tensor | None) -> None:
-        """Keep the state's rows ``rows`` and, of its per-sentence entries, ``sentences`` (None: all)."""
-        self.state.select(rows, sentences)
 
     def settled(self, finished: list[Hypothesis], best_live: float, sentence: int, nbest: int, alpha: float) -> bool:
         """Whether no live beam of ``sentence`` can enter its nbest finished hypotheses any more.
@@ -115,7 +106,7 @@ class _Search:
         NaN (half precision overflowing) turns NaN whole under log-softmax: its scores become -inf,
         cleaned in the m chosen values rather than in the whole [rows, V] tensor (a pass, 1-2% of a step).
         """
-        lprobs = self.log_probs(tokens)
+        lprobs = F.log_softmax(self.model.decode_step(tokens, self.state).float(), dim=-1)
         lprobs.index_fill_(1, self.banned, float("-inf"))
         at_max = [step >= self.max_lens[s] for s in sentences]
         if any(at_max):
@@ -166,7 +157,7 @@ def greedy_search(
                     results[sentences[r]] = Hypothesis(toks[:-1] if toks[-1] == end_id else toks, score, log_prob, lps)
                 keep = [r for r, d in enumerate(done) if not d]
                 index = torch.tensor(keep, dtype=torch.long, device=src.device)
-                search.select(index, index)
+                search.state.select(index, index)
                 seq, seq_lp, tokens = seq[index], seq_lp[index], tokens[index]
                 sentences = [sentences[r] for r in keep]
             step += 1
@@ -263,7 +254,7 @@ def _beam(
                 sentences = [sentences[s] for s in alive]
             flat = rows.gather(1, live).view(-1)
             tokens = cand.gather(1, live).view(-1)
-            search.select(flat, keep)
+            search.state.select(flat, keep)
             width = k
             seq = torch.cat([seq[flat], tokens[:, None]], 1)
             seq_lp = torch.cat([seq_lp[flat], cand_lp.gather(1, live).view(-1, 1)], 1)
