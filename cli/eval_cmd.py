@@ -63,20 +63,6 @@ def _best(translator: Translator, sources: list[str], alphas: list[float | None]
     return translator.best_under(sources, alphas)
 
 
-def _members(
-    translator: Translator, options: TranslateOptions, sources: list[str], alphas: list[float | None]
-) -> list[list[list[str]]]:
-    """Each ensemble member's 1-best translations decoding alone, in the ensemble's settings and precision,
-    [member][alpha][line]."""
-    from transformer.decoding.translator import Translator
-
-    alone = dataclasses.replace(options, precision=translator.precision)
-    return [
-        _best(Translator.from_checkpoint(m, alone).with_decode(translator.decode), sources, alphas)
-        for m in translator.members
-    ]
-
-
 def run_eval(
     checkpoints: list[Path] | None,
     split: str | None,
@@ -139,7 +125,7 @@ def run_eval(
     read = [f for path in paths for f in ckpt.read_files(path)]
     check_reports([r for pair in reports for r in pair], overwrite, (*read, src, ref))
     hyps_per_alpha = _best(translator, sources, alphas)
-    members = _members(translator, options, sources, alphas) if ensemble else []
+    members = [_best(alone, sources, alphas) for alone in translator.alone()] if ensemble else []
     results = []
     for i, (alpha, hyps) in enumerate(zip(alphas, hyps_per_alpha)):
         scores = score(hyps, references, cfg.data.tgt_lang, decode.bleu_tokenize)

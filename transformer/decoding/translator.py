@@ -138,6 +138,14 @@ class Translator:
         models = [decoding_model(m.model, precision, device) for m in members]
         return cls(members, models[0] if len(models) == 1 else Ensemble(models), decode, device, precision)
 
+    def alone(self) -> list[Translator]:
+        """Each member of an ensemble decoding alone, in the same settings and precision, through the model the
+        ensemble prepared for it (itself for one model)."""
+        if not isinstance(self.model, Ensemble):
+            return [self]
+        made = zip(self.members, self.model.members)
+        return [type(self)([m], model, self.decode, self.device, self.precision) for m, model in made]
+
     def with_decode(self, decode: DecodeConfig) -> Translator:
         """The same model, tokenizer and device under other decode settings, checked where they came in (a server's
         request); the model is shared, not copied."""
