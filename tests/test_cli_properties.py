@@ -282,6 +282,8 @@ def loads_nan_weights(args: list[str]) -> bool:
 # a folder of the user's at --output, with --overwrite: found once by chance, now tried on every run
 @example(args=["export", "--checkpoint", "runs/tiny/best", "--output", "folder", "--overwrite"], inside=set())
 @example(args=["average", "runs/tiny", "--last", "1", "--output", "folder", "--overwrite"], inside=set())
+# training into a full disk, found by chance: the tokenizer's write failed naming no file, a traceback
+@example(args=["train", "--config", "quickstart", "--quiet", *QUICK, "--set", "run_dir=full"], inside=set())
 # the cases of issue 49, each tried on every run
 @example(
     args=["train", "--config", "quickstart", "--quiet", *QUICK, "--set", "name=tiny", "--overwrite"], inside=set(INSIDE)

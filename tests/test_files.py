@@ -146,6 +146,19 @@ def test_a_failed_write_is_one_error_naming_the_output_and_leaves_nothing(tmp_pa
     assert e.value.errno == errno.ENOSPC and list(tmp_path.iterdir()) == []
 
 
+def test_a_write_failing_without_a_name_names_the_file_and_leaves_nothing(tmp_path):
+    """A full disk fails ``f.write`` with no file name; the error names the output, so the command's one line can."""
+    with pytest.raises(OSError, match="No space left") as e:
+        with atomic_file(tmp_path / "tokenizer.json") as f:
+            f.write("{}")
+            raise OSError(errno.ENOSPC, "No space left on device")
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(tmp_path / "tokenizer.json")
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ConnectionError):  # a subclass, as a download's errors are, passes unchanged
+        with atomic_file(tmp_path / "corpus.gz", "wb"):
+            raise ConnectionError("reset")
+
+
 def test_files_follow_the_umask(tmp_path):
     old = os.umask(0o022)
     try:

@@ -1,7 +1,11 @@
 """The record of what tfm wrote: a file is tfm's by its name in its folder's manifest and by its content, at any
 depth; everything else is the user's."""
 
+import errno
+import json
 import os
+
+import pytest
 
 from transformer import manifest
 
@@ -73,3 +77,15 @@ def test_discard_deletes_tfms_files_and_keeps_the_users(tmp_path):
     assert [p.name for p in (run / "step_3").iterdir()] == ["notes.txt"]
     manifest.discard(run)
     assert sorted(p.name for p in run.iterdir()) == ["step_3"]
+
+
+def test_a_record_that_cannot_be_written_names_itself_and_leaves_nothing(tmp_path, monkeypatch):
+    """A full disk fails json.dump without a file name; the error names the record, for the command's one line."""
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(json, "dump", full)
+    with pytest.raises(OSError) as e:
+        manifest.create(tmp_path, "run")
+    assert e.value.filename == str(tmp_path / manifest.MANIFEST) and list(tmp_path.iterdir()) == []

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
 
 class UserError(Exception):
     """A problem with the user's input, config, data or files; the message names it and the fix."""
@@ -59,3 +63,15 @@ def out_of_memory(e: BaseException) -> bool:
     """Whether an exception is an allocation failure (torch raises RuntimeError for a CPU one, OutOfMemoryError,
     a RuntimeError, for a GPU one)."""
     return isinstance(e, MemoryError) or "out of memory" in str(e) or "can't allocate memory" in str(e)
+
+
+@contextlib.contextmanager
+def naming(path: Path | str) -> Iterator[None]:
+    """Name ``path`` in an OSError of the block that names no file (a write or flush on a full disk), so that the
+    command's one line can say which output failed; subclasses (a download's errors) pass unchanged."""
+    try:
+        yield
+    except OSError as e:
+        if type(e) is not OSError or e.filename is not None:
+            raise
+        raise OSError(e.errno, e.strerror, str(path)) from e

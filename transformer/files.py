@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from transformer import manifest
-from transformer.errors import OutputError, WriteError
+from transformer.errors import OutputError, WriteError, naming
 
 STDIN = Path("/dev/stdin")
 NO_SPACE = os.strerror(errno.ENOSPC)  # "No space left on device", as writers that raise no OSError still say it
@@ -72,12 +72,12 @@ def temporary_name(path: Path) -> Path:
 @contextlib.contextmanager
 def atomic_file(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
     """A temporary file beside ``path``, renamed onto it when the block ends without error (a link's target is
-    written, and the link kept)."""
+    written, and the link kept); a write failing without naming a file (a full disk) names ``path``."""
     path = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_name(path)
     try:
-        with open(tmp, mode, encoding=None if "b" in mode else "utf-8") as f:
+        with naming(path), open(tmp, mode, encoding=None if "b" in mode else "utf-8") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())

@@ -21,6 +21,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from transformer.errors import naming
+
 try:
     import fcntl
 except ImportError:  # Windows: no flock, so records are not locked against a second writer
@@ -54,7 +56,7 @@ def write(folder: Path, manifest: dict[str, Any]) -> None:
     """Write ``folder``'s manifest atomically (beside it first, then renamed), following the umask."""
     tmp = folder / f"{MANIFEST}.tmp-{os.getpid()}"
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        with naming(folder / MANIFEST), open(tmp, "w", encoding="utf-8") as f:
             json.dump(manifest, f, indent=1, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())
