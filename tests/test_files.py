@@ -59,14 +59,23 @@ def test_interrupted_save_and_prune_are_repaired_on_the_next_start(tmp_path):
 
 def test_what_a_killed_write_leaves_is_removed_by_the_next_write_beside_it(tmp_path):
     """A SIGKILLed export or average leaves ``.NAME.tmp-PID``: the next one into the same folder removes it. A
-    temporary-looking folder without tfm's record, or one whose process still runs, is left alone."""
+    temporary-looking folder without tfm's record, or one whose process still runs, is left alone; one killed while
+    its first record was written, holding only that record's temporary file, is removed."""
     killed = leftover(tmp_path, f".export.tmp-{GONE}")
     mine = tmp_path / f".notes.tmp-{GONE}"  # the user's, named as tfm names its own
     mine.mkdir()
     running = leftover(tmp_path, f".other.tmp-{os.getppid()}")
+    recording = tmp_path / f".step_6.tmp-{GONE}"  # killed while writing its first record: only that record's temp
+    recording.mkdir()
+    (recording / f"{manifest.MANIFEST}.tmp-{GONE}").write_text('{"kind": "par', encoding="utf-8")
+    not_only = tmp_path / f".step_8.tmp-{GONE}"  # the same beside a file of the user's: not tfm's to remove
+    not_only.mkdir()
+    (not_only / f"{manifest.MANIFEST}.tmp-{GONE}").write_text("{", encoding="utf-8")
+    (not_only / "notes.txt").write_text("mine", encoding="utf-8")
     with atomic_dir(tmp_path / "export2", "export") as tmp:
         (tmp / "model.bin").write_bytes(b"new")
     assert not killed.exists() and mine.is_dir() and running.is_dir()
+    assert not recording.exists() and (not_only / "notes.txt").is_file()
 
 
 def test_a_folder_replaces_only_an_earlier_one_of_its_kind_holding_nothing_else(tmp_path):

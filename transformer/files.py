@@ -250,8 +250,9 @@ def clean_partial(folder: str | Path) -> list[str]:
     process is gone; return what was done.
 
     A kill between the two renames leaves the previous folder as ``.NAME.old-PID`` and no ``NAME``: it is put
-    back. Temporary folders (each holds a manifest from its first moment), ``.old`` copies already replaced,
-    and, in a folder of tfm's, temporary files are deleted. Anything else is the user's and stays.
+    back. Temporary folders (each holds a manifest from its first moment, or that manifest's own temporary file if
+    killed while writing it), ``.old`` copies already replaced, and, in a folder of tfm's, temporary files are
+    deleted. Anything else is the user's and stays.
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -269,10 +270,19 @@ def clean_partial(folder: str | Path) -> list[str]:
             elif manifest.first_foreign(entry) is None:
                 manifest.delete(entry)
                 done.append(f"removed {entry.name}")
+        elif entry.is_dir() and _killed_recording(entry, match[3]):
+            (entry / f"{manifest.MANIFEST}.tmp-{match[3]}").unlink()
+            entry.rmdir()
+            done.append(f"removed {entry.name}")
         elif recorded and stat.S_ISREG(entry.lstat().st_mode):
             entry.unlink()
             done.append(f"removed {entry.name}")
     return done
+
+
+def _killed_recording(folder: Path, pid: str) -> bool:
+    """Whether ``folder`` holds only its first record half-written, as a kill inside ``manifest.create`` leaves it."""
+    return [e.name for e in folder.iterdir()] == [f"{manifest.MANIFEST}.tmp-{pid}"]
 
 
 def _same(a: Path, b: Path) -> bool:
