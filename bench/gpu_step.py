@@ -13,7 +13,8 @@ Sections, each written to the JSON as soon as it is done (in this order by defau
   decode   test_2016_flickr through tfm's Translator (what ``tfm translate`` runs) against ``generate`` of the
            checkpoint's Hugging Face export (``tfm export --format hf``) and, where it runs on this device,
            CTranslate2: greedy and beam 5, batches of 1 and 64 sentences; sentences/s, BLEU, and the share of
-           output lines identical to tfm's
+           output lines identical to tfm's; and, in one batch of 64, how often the host waited for the device against
+           the search's steps and its reads of the device (host.to_host: once a step, twice when hypotheses end)
   profile  updates of --profile's systems under torch.profiler: wall and GPU busy time per update, kernels per
            update, GPU time by kernel family and the top kernels
   whole    all levers with each layer kind compiled once (train.compile) against the same with the whole model
@@ -45,7 +46,7 @@ import warnings
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -55,6 +56,8 @@ from bench.marian_peer import build_marian
 from transformer import checkpoint
 from transformer.config import Config
 from transformer.config_file import load
+from transformer.decoding import host
+from transformer.decoding.translator import TranslateOptions, Translator
 from transformer.export.write import export
 from transformer.model.transformer import build_model
 from transformer.precision import PRECISIONS, training_precision
@@ -161,19 +164,26 @@ class System:
             queued.result()
 
     def host_waits(self, r: int) -> int | None:
-        """How often the host waited for the device while update r was queued (CUDA's sync debug mode; None on a
-        CPU)."""
-        if self.device.type != "cuda":
-            return None
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                queued = self.updater(self.works[r % len(self.works)], r + 1)
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-        queued.result()
-        return sum("synchroniz" in str(w.message) for w in seen)
+        """How often the host waited for the device while update r was queued (None on a CPU)."""
+        queued: list[Any] = []
+        waits = host_waits(lambda: queued.append(self.updater(self.works[r % len(self.works)], r + 1)), self.device)
+        queued[0].result()
+        return waits
+
+
+def host_waits(work: Callable[[], object], device: torch.device) -> int | None:
+    """How often the host waited for the device while ``work`` ran (CUDA's sync debug mode; None on a CPU)."""
+    if device.type != "cuda":
+        work()
+        return None
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            work()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in seen)
 
 
 class Marian:
@@ -369,6 +379,37 @@ def ct2_gpu(loaded: checkpoint.Loaded, workdir: Path, device: torch.device) -> t
         return None, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
 
 
+def search_waits(loaded: checkpoint.Loaded, lines: list[str], precision: str, device: torch.device) -> dict[str, Any]:
+    """Greedy and beam 5 over one batch of ``lines``: the search's steps, its reads of the device (host.to_host) and
+    every wait of the host for the device (on CUDA), the batch's own transfers in and out included."""
+    out: dict[str, Any] = {}
+    for beam in (1, 5):
+        options = TranslateOptions(device, precision, beam=beam, nbest=1, batch_tokens=10**9)
+        translator = Translator.from_checkpoint(loaded, options)
+        translator.translate_chunk(lines)  # warm: what is made once per Translator or shape is not a step's
+        counts: Counter[str] = Counter()
+        reads, step = host.to_host, translator.model.decode_step
+
+        def read(*tensors: torch.Tensor) -> list[torch.Tensor]:
+            counts["reads"] += 1
+            return reads(*tensors)
+
+        def decode_step(*args: Any) -> torch.Tensor:
+            counts["steps"] += 1
+            return step(*args)
+
+        host.to_host, translator.model.decode_step = read, decode_step
+        try:
+            waits = host_waits(lambda: translator.translate_chunk(lines), device)
+        finally:
+            host.to_host = reads
+            del translator.model.decode_step
+        search = "greedy" if beam == 1 else f"beam {beam}"
+        out[search] = {"sentences": len(lines), **counts, "host_waits": waits}
+        print(f"  {search}, one batch of {len(lines)}: {dict(out[search])}", flush=True)
+    return out
+
+
 def decode_grid(ckpt: Path, data: str, device: torch.device, quick: bool) -> dict[str, Any]:
     """test_2016_flickr, greedy and beam 5, 1 and 64 sentences a batch: tfm against generate (and CTranslate2)."""
     loaded = checkpoint.load(ckpt, "cpu")
@@ -411,6 +452,7 @@ def decode_grid(ckpt: Path, data: str, device: torch.device, quick: bool) -> dic
                     ),
                     flush=True,
                 )
+    out["host waits, batch 64"] = search_waits(loaded, lines[:64], precision, device)
     return out
 
 

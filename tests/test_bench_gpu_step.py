@@ -47,4 +47,7 @@ def test_gpu_step_quick_on_cpu_writes_every_section(multi30k_dir: Path, tmp_path
         tfm, generate = decode[point]["tfm"], decode[point]["generate"]
         assert tfm["identical_to_tfm"] == 1.0 and 0 <= generate["identical_to_tfm"] <= 1, (point, decode[point])
         assert tfm["sentences_per_s"] > 0 and generate["tfm_speedup"] > 0, (point, decode[point])
+    for search, row in decode["host waits, batch 64"].items():  # the waits themselves are counted on CUDA only
+        assert row["sentences"] == 64 and row["host_waits"] is None, (search, row)
+        assert row["steps"] + 1 < row["reads"] <= 2 * row["steps"] + 1, (search, row)
     assert result["profile"]["levers off"]["wall_s_per_update"] > 0

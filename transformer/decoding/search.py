@@ -12,7 +12,8 @@ once it has k finished hypotheses, reaches its max_len, or has nbest finished th
 still beat (``_Search.settled``: the same result, sooner). Live beams are ranked by log-probability;
 the GNMT length penalty ((5 + len) / 6) ** alpha, len counting <END>, divides a hypothesis's
 log-probability only when the finished hypotheses are ranked (``ranked``). Every choice depends on its
-own sentence's rows only, so results do not depend on batch size or order.
+own sentence's rows only, so results do not depend on batch size or order. What the host decides on it reads of the
+device through ``host.to_host``, in one wait a step (two when hypotheses end), and indices go back without waiting.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from transformer.decoding import host
 from transformer.decoding.topk import row_topk
 
 
@@ -81,8 +83,9 @@ class _Search:
 
     def __init__(self, model: nn.Module, src: Tensor, start_id: int, end_id: int, max_len_a: float, max_len_b: int):
         self.model, self.end_id = model, end_id
-        self.banned = torch.tensor([model.pad_id, start_id], device=src.device)
-        self.max_lens = max_output_lengths((src != model.pad_id).sum(1), max_len_a, max_len_b).tolist()
+        self.banned = host.to_device([model.pad_id, start_id], torch.long, src.device)
+        (max_lens,) = host.to_host(max_output_lengths((src != model.pad_id).sum(1), max_len_a, max_len_b))
+        self.max_lens: list[int] = max_lens.tolist()
         self.state = model.start_state(*model.encode(src))
 
     def settled(self, finished: list[Hypothesis], best_live: float, sentence: int, nbest: int, alpha: float) -> bool:
@@ -110,7 +113,7 @@ class _Search:
         lprobs.index_fill_(1, self.banned, float("-inf"))
         at_max = [step >= self.max_lens[s] for s in sentences]
         if any(at_max):
-            rows = torch.tensor(at_max, device=lprobs.device).repeat_interleave(width)
+            rows = host.to_device(at_max, torch.bool, lprobs.device).repeat_interleave(width)
             end = lprobs[:, self.end_id].clone()
             lprobs.masked_fill_(rows[:, None], float("-inf"))
             lprobs[:, self.end_id] = end
@@ -148,15 +151,18 @@ def greedy_search(
         while sentences:
             lp, tokens = (x[:, 0] for x in search.best(tokens, step, sentences, 1, 1))
             seq, seq_lp = torch.cat([seq, tokens[:, None]], 1), torch.cat([seq_lp, lp[:, None]], 1)
-            done = [t == end_id or step >= search.max_lens[s] for t, s in zip(tokens.tolist(), sentences)]
+            (ended,) = host.to_host(tokens == end_id)
+            done = [e or step >= search.max_lens[s] for e, s in zip(ended.tolist(), sentences)]
             if any(done):
                 rows = [r for r, d in enumerate(done) if d]
-                for r, toks, lps in zip(rows, seq[rows].tolist(), seq_lp[rows].tolist()):
+                index = host.to_device(rows, torch.long, src.device)
+                toks_lps = zip(*(t.tolist() for t in host.to_host(seq[index], seq_lp[index])))
+                for r, (toks, lps) in zip(rows, toks_lps):
                     log_prob = sum(lps)
                     score = log_prob / length_penalty(len(toks), alpha)
                     results[sentences[r]] = Hypothesis(toks[:-1] if toks[-1] == end_id else toks, score, log_prob, lps)
                 keep = [r for r, d in enumerate(done) if not d]
-                index = torch.tensor(keep, dtype=torch.long, device=src.device)
+                index = host.to_device(keep, torch.long, src.device)
                 search.state.select(index, index)
                 seq, seq_lp, tokens = seq[index], seq_lp[index], tokens[index]
                 sentences = [sentences[r] for r in keep]
@@ -229,17 +235,22 @@ def _beam(
             cand = best_tok.view(n, -1).gather(1, j)
             cand_lp = best_lp.view(n, -1).gather(1, j)
             is_end = cand == end_id
-            final = (is_end[:, :k] & top[:, :k].isfinite()).cpu()
-            if final.any():
-                i, j = final.nonzero(as_tuple=True)
-                r = rows[i, j]
-                for s, toks, lps, end_lp, log_prob in zip(
-                    i.tolist(), seq[r].tolist(), seq_lp[r].tolist(), cand_lp[i, j].tolist(), top[i, j].tolist()
-                ):
-                    finished[sentences[s]].append(Hypothesis(toks, log_prob, log_prob, lps + [end_lp]))
             live = torch.sort(is_end.to(torch.uint8), dim=1, stable=True).indices[:, :k]  # first k not ending
             scores = top.gather(1, live)
-            best_live = scores[:, 0].tolist()  # top is sorted, so each sentence's first live beam is its best
+            # What the host decides on, read in one wait: the first k candidates that end, their beams and scores, and
+            # each sentence's best live beam (top is sorted, so its first live beam).
+            final, end_rows, end_lps, end_tops, live_best = host.to_host(
+                is_end[:, :k] & top[:, :k].isfinite(), rows[:, :k], cand_lp[:, :k], top[:, :k], scores[:, 0]
+            )
+            if final.any():
+                i, j = final.nonzero(as_tuple=True)
+                r = host.to_device(end_rows[i, j].tolist(), torch.long, device)
+                toks_lps = zip(*(t.tolist() for t in host.to_host(seq[r], seq_lp[r])))
+                for s, (toks, lps), end_lp, log_prob in zip(
+                    i.tolist(), toks_lps, end_lps[i, j].tolist(), end_tops[i, j].tolist()
+                ):
+                    finished[sentences[s]].append(Hypothesis(toks, log_prob, log_prob, lps + [end_lp]))
+            best_live = live_best.tolist()
             alive = [
                 s
                 for s in range(n)
@@ -249,7 +260,7 @@ def _beam(
             ]
             keep = None
             if len(alive) < n:
-                keep = torch.tensor(alive, dtype=torch.long, device=device)
+                keep = host.to_device(alive, torch.long, device)
                 live, scores, rows, cand, cand_lp = live[keep], scores[keep], rows[keep], cand[keep], cand_lp[keep]
                 sentences = [sentences[s] for s in alive]
             flat = rows.gather(1, live).view(-1)
