@@ -52,7 +52,7 @@ def evaluate_tfm(ckpt: Path, src: list[str], refs: list[str], beam: int) -> tupl
     t = Translator.from_checkpoint(ckpt, TranslateOptions("cpu", beam=beam, nbest=1))
     start = time.perf_counter()
     hyps = [x.best for x in t.translate(src)]
-    s = score(hyps, refs, t.checkpoint.cfg.data.tgt_lang)
+    s = score(hyps, refs, t.cfg.data.tgt_lang)
     return s.bleu, s.chrf, time.perf_counter() - start
 
 

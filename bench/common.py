@@ -25,7 +25,7 @@ import torch
 
 from transformer.config import Config
 from transformer.config_file import load
-from transformer.process import OMP_KEYS, SHARED_CPU
+from transformer.runtime.process import OMP_KEYS, SHARED_CPU
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = os.environ.get("TFM_MULTI30K", str(ROOT.parent / "shared" / "data" / "multi30k"))

@@ -60,7 +60,7 @@ from transformer.decoding import host
 from transformer.decoding.translator import TranslateOptions, Translator
 from transformer.export.write import export
 from transformer.model.transformer import build_model
-from transformer.precision import PRECISIONS, training_precision
+from transformer.runtime.precision import PRECISIONS, training_precision
 from transformer.text.batching import EncodedCorpus, encode_corpus, make_batches
 from transformer.text.corpus import load_split
 from transformer.text.tokenizer import Tokenizer, train_tokenizer

@@ -37,9 +37,10 @@ from transformer import checkpoint
 from transformer.config import Config, DataConfig
 from transformer.decoding.search import beam_search, greedy_search
 from transformer.decoding.topk import row_topk
-from transformer.model.speed import Dropout
-from transformer.precision import decoding_model
-from transformer.process import OMP_KEYS, SHARED_CPU
+from transformer.model.decoding_copy import decoding_model, precision_copy
+from transformer.model.speed import Dropout, called_directly
+from transformer.model.transformer import Transformer
+from transformer.runtime.process import OMP_KEYS, SHARED_CPU
 from transformer.text.batching import Batch, source_tensor
 from transformer.text.corpus import load_split
 from transformer.text.tokenizer import Tokenizer
@@ -276,6 +277,12 @@ def one_at_a_time(
     return rows
 
 
+def directly(model: Transformer) -> Transformer:
+    """``model`` with its modules called straight through their forward (model.speed.called_directly)."""
+    called_directly(model)
+    return model
+
+
 def step_levers(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> list[dict[str, Any]]:
     """The modules decoding swaps into the model on a CPU, each measured alone inside the model's one step, as the
     Translator decodes: the copy's modules called straight through their forward (called_directly), and
@@ -285,9 +292,9 @@ def step_levers(loaded: checkpoint.Loaded, lines: list[str], rounds: int) -> lis
     models = {
         "stored": model,
         "stored again": model,
-        "called directly": decoding_model(model, "fp32", cpu, fold=False),
+        "called directly": directly(precision_copy(model, "fp32")),
         "fp32 folded": decoding_model(model, "fp32", cpu),
-        "int8": decoding_model(model, "int8", cpu, fold=False),
+        "int8": directly(precision_copy(model, "int8")),
         "int8 folded": decoding_model(model, "int8", cpu),
     }
     pairs = {

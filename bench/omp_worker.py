@@ -1,7 +1,7 @@
 """A fixed piece of tfm work, timed in a fresh process so that the process-wide settings come from its environment.
 
 bench.levers runs it under libgomp's defaults, ``TFM_SHARED_CPU=1`` (the short OpenMP spin and one
-thread for small decoding batches, transformer/process.py) and ``OMP_WAIT_POLICY=PASSIVE``. Importing
+thread for small decoding batches, transformer/runtime/process.py) and ``OMP_WAIT_POLICY=PASSIVE``. Importing
 the bench package applies them as the tfm command does, before torch loads. Prints one JSON line of
 seconds: beam-5 search of a batch of 32 sentences, 8 single sentences translated one at a time
 (beam 5), and training steps of 1,500 tokens.

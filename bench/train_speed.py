@@ -25,7 +25,7 @@ from bench.marian_peer import build_marian, marian_logits
 from transformer.config import Config
 from transformer.model.speed import shape_changing_attention, training_attention
 from transformer.model.transformer import build_model
-from transformer.precision import autocast
+from transformer.runtime.precision import autocast
 from transformer.text.batching import Batch, collate, encode_corpus, make_batches
 from transformer.text.corpus import load_split
 from transformer.text.tokenizer import Tokenizer

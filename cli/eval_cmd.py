@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from cli.exits import fail
 from cli.guards import check_folder, check_input, check_reports
 from transformer.errors import WriteError
-from transformer.files import write_files
+from transformer.storage.files import write_files
 
 if TYPE_CHECKING:
     from transformer.decoding.translator import TranslateOptions, Translator
@@ -101,7 +101,7 @@ def run_eval(
 
     paths = checkpoints or [ckpt.newest(runs)]
     translator = Translator.from_checkpoint(paths, options)
-    cfg, decode = translator.checkpoint.cfg, translator.decode
+    cfg, decode = translator.cfg, translator.decode
     if src is not None and ref is not None:
         sources, references, name = _read(src), _read(ref), src.name
         if len(sources) != len(references):

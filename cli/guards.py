@@ -15,8 +15,8 @@ import typer
 
 from cli.exits import fail
 from transformer.config import out_of_range
-from transformer.files import cannot_write, check_apart
-from transformer.manifest import is_own
+from transformer.storage.files import cannot_write, check_apart
+from transformer.storage.manifest import is_own
 
 
 def check_input(path: Path, what: str = "input file") -> None:
@@ -58,7 +58,7 @@ def check_output(path: Path, overwrite: bool, inputs: Iterable[Path | None] = ()
 
 def check_reports(reports: list[Path], overwrite: bool, inputs: Iterable[Path | None]) -> None:
     """Reports ``tfm eval`` may write: none lands on what it reads, and one already there is replaced only with
-    ``overwrite`` and only if tfm wrote it (transformer.manifest)."""
+    ``overwrite`` and only if tfm wrote it (transformer.storage.manifest)."""
     for report in reports:
         check_apart(report, inputs, "--output-dir")
     if there := [r for r in reports if os.path.lexists(r)]:

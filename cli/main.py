@@ -2,7 +2,7 @@
 
 Library modules are imported inside each command so that ``tfm --help`` answers
 without loading torch. Every error a user can fix is printed as one line and
-exits with code 2. Process-wide settings (OpenMP, threads, oneDNN's cache) come from transformer/process.py.
+exits with code 2. Process-wide settings (OpenMP, threads, oneDNN's cache) come from transformer/runtime/process.py.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import typer
 
 from cli.exits import OneLineErrors, fail, user_errors
 from cli.guards import check_creatable, check_output, count, within
-from transformer.files import check_apart
-from transformer.process import configure_before_torch
+from transformer.runtime.process import configure_before_torch
+from transformer.storage.files import check_apart
 
 configure_before_torch()  # before any command loads torch
 

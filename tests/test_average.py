@@ -9,8 +9,9 @@ import torch
 from typer.testing import CliRunner
 
 from cli.main import app
-from transformer import checkpoint, manifest
+from transformer import checkpoint
 from transformer.errors import CheckpointError, OutputError
+from transformer.storage import manifest
 from transformer.training.average import average
 
 

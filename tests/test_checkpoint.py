@@ -11,10 +11,11 @@ import pytest
 import torch
 from tiny import tiny_config
 
-from transformer import checkpoint, manifest
+from transformer import checkpoint
 from transformer.errors import CheckpointError
-from transformer.files import clean_partial
 from transformer.model.transformer import build_model
+from transformer.storage import manifest
+from transformer.storage.files import clean_partial
 from transformer.text.tokenizer import Tokenizer
 
 SENTENCES = ["Ein Mann fährt Fahrrad.", "A man rides a bike.", "Der Hund läuft.", "The dog runs."] * 20

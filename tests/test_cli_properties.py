@@ -32,9 +32,9 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from transformer import checkpoint
-from transformer.files import atomic_dir
-from transformer.manifest import MANIFEST
 from transformer.serving.checks import Limits
+from transformer.storage.files import atomic_dir
+from transformer.storage.manifest import MANIFEST
 from transformer.training.run_dir import locked
 
 EXIT_CODES = {0, 2}

@@ -10,8 +10,8 @@ from steps import step_logits
 
 from transformer.decoding.search import beam_search, greedy_search
 from transformer.model.cross_fold import FoldedCrossAttention, worth_folding
+from transformer.model.decoding_copy import decoding_model, precision_copy
 from transformer.model.transformer import Transformer
-from transformer.precision import decoding_model
 
 CPU = torch.device("cpu")
 
@@ -102,7 +102,7 @@ def test_an_int8_copy_folds_its_float_originals_cross_attention():
     tokens = torch.randint(3, 50, (2, 8))
     want = step_logits(model, src, tokens, 1)
     got = step_logits(decoding_model(model, "int8", CPU), src, tokens, 1)
-    unfolded = step_logits(decoding_model(model, "int8", CPU, fold=False), src, tokens, 1)
+    unfolded = step_logits(precision_copy(model, "int8"), src, tokens, 1)
     assert (got - want).abs().max() < 0.05 * want.abs().max()
     assert (got - want).abs().mean() < (unfolded - want).abs().mean()
 
@@ -112,6 +112,4 @@ def test_cpu_decoding_folds_in_fp32_and_int8_only():
     for name, folds in (("fp32", True), ("int8", True), ("bf16", False)):
         cross = decoding_model(model, name, CPU).decoder.layers[0].cross_attn
         assert isinstance(cross, FoldedCrossAttention) == folds
-        assert not isinstance(
-            decoding_model(model, name, CPU, fold=False).decoder.layers[0].cross_attn, FoldedCrossAttention
-        )
+        assert not isinstance(precision_copy(model, name).decoder.layers[0].cross_attn, FoldedCrossAttention)

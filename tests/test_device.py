@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from transformer.device import resolve_device
 from transformer.errors import ConfigError
+from transformer.runtime.device import resolve_device
 
 
 @pytest.mark.parametrize(

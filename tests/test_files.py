@@ -9,9 +9,11 @@ import stat
 import pytest
 from tiny import tiny_config
 
-from transformer import checkpoint, manifest
+from transformer import checkpoint
 from transformer.errors import OutputError, WriteError
-from transformer.files import (
+from transformer.model.transformer import build_model
+from transformer.storage import manifest
+from transformer.storage.files import (
     atomic_dir,
     atomic_file,
     check_apart,
@@ -20,7 +22,6 @@ from transformer.files import (
     remove_dir,
     write_files,
 )
-from transformer.model.transformer import build_model
 from transformer.text.tokenizer import Tokenizer
 
 GONE = 4_194_305  # above any pid_max: no process has this id

@@ -14,7 +14,7 @@ from cli import eval_cmd
 from cli.main import app
 from transformer.config_file import load
 from transformer.errors import ConfigError
-from transformer.files import cannot_write
+from transformer.storage.files import cannot_write
 
 
 def tfm(*args: str):

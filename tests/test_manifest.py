@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from transformer import manifest
+from transformer.storage import manifest
 
 
 def run_like(folder):

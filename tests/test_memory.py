@@ -6,8 +6,8 @@ import torch
 
 from transformer.config import ModelConfig
 from transformer.errors import ConfigError
-from transformer.memory import check_fits, parameters
 from transformer.model.transformer import build_model
+from transformer.runtime.memory import check_fits, parameters
 
 
 @pytest.mark.parametrize("tied", [True, False])

@@ -9,7 +9,7 @@ import pytest
 import torch
 from tiny import ROOT
 
-from transformer.process import (
+from transformer.runtime.process import (
     OMP_KEYS,
     ONEDNN_CACHE_KEYS,
     PRIMITIVE_CACHE_CAPACITY,

@@ -10,8 +10,9 @@ from cli_helpers import last_step, run_of, train
 from safetensors.torch import save_model
 from tiny import run_trainer, step_of, tiny_config
 
-from transformer import checkpoint, config_file, manifest
+from transformer import checkpoint, config_file
 from transformer.errors import TrainError
+from transformer.storage import manifest
 from transformer.training import run_dir
 
 

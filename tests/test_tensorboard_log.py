@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from cli.main import app
 from transformer.errors import TrainError
 from transformer.training import tensorboard_log
-from transformer.training import trainer as train
+from transformer.training.bookkeeping import Books
 from transformer.training.tensorboard_log import CONFIG_TAG, FOLDER, TensorBoardLog
 
 TEXT = f"{CONFIG_TAG}/text_summary"  # where TensorBoard's text plugin keeps a text
@@ -50,19 +50,19 @@ def test_a_resume_replaces_what_a_crashed_run_logged_past_its_checkpoint(tmp_pat
     """A crash after update 5 leaves step_3 and events up to 5; the resumed run (another peak_lr) logs 4, 5 and 6
     again, and TensorBoard shows each step once, with the values log.jsonl last logged."""
     cfg = tiny_config(tmp_path, train={"save_every": 3, "eval_every": 2})
-    real = train.Trainer._forecast
+    real = Books._forecast
 
     def crash_after_5(self):  # once update 6 is queued: update 5 is booked (logged) by then
         if self.state.step == 6:
             raise RuntimeError("crash")
         real(self)
 
-    monkeypatch.setattr(train.Trainer, "_forecast", crash_after_5)
+    monkeypatch.setattr(Books, "_forecast", crash_after_5)
     with pytest.raises(RuntimeError, match="crash"):
         run_trainer(cfg)
     assert [step for step, _ in scalars(read_events(cfg.out_dir), "train/loss")] == [1, 2, 3, 4, 5]  # on disk
 
-    monkeypatch.setattr(train.Trainer, "_forecast", real)
+    monkeypatch.setattr(Books, "_forecast", real)
     resumed = tiny_config(tmp_path, train={"save_every": 3, "eval_every": 2, "peak_lr": 5e-4})
     assert run_trainer(resumed, resume=True).state.step == 6
     assert_events_match_log(cfg.out_dir)

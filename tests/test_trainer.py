@@ -10,8 +10,8 @@ import pytest
 import torch
 from tiny import run_trainer, step_of, tiny_config
 
-from transformer import checkpoint, precision
-from transformer.training import meter, update, validation
+from transformer import checkpoint, measured
+from transformer.training import bookkeeping, meter, setup, update, validation
 from transformer.training import trainer as train
 from transformer.training.update import Updater
 
@@ -89,8 +89,10 @@ def test_non_finite_updates_are_skipped_counted_and_stop_training_with_a_diagnos
         tmp_path, train={"max_steps": 50, "save_every": 2, "max_bad_steps": 3, "keep_last": 5, "eval_every": 1000}
     )
     messages: list[str] = []
-    trainer = train.Trainer(cfg, quiet=True, log=messages.append)
-    result = trainer.run()
+    models = []
+    real_prepare = setup.prepare
+    monkeypatch.setattr(train.setup, "prepare", lambda *args: models.append(real_prepare(*args)) or models[-1])
+    result = train.Trainer(cfg, quiet=True, log=messages.append).run()
     assert (result.reason, result.exit_code, result.state.step, result.state.skipped_steps) == ("non_finite", 1, 7, 4)
 
     log = [json.loads(line) for line in (cfg.out_dir / "log.jsonl").read_text().splitlines()]
@@ -108,7 +110,7 @@ def test_non_finite_updates_are_skipped_counted_and_stop_training_with_a_diagnos
     # Skipped updates changed nothing: the weights at the stop are those after update 4, which step_4 and
     # step_6 (saved in the middle of the bad run) both hold, loadable and resumable.
     assert [p.name for p in checkpoint.step_dirs(cfg.out_dir)] == ["step_2", "step_4", "step_6"]
-    weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    weights = {k: v.clone() for k, v in models[0].model.state_dict().items()}
     for name in ("step_4", "step_6"):
         path = cfg.out_dir / "checkpoints" / name
         saved = checkpoint.load(path).model.state_dict()
@@ -122,7 +124,7 @@ def test_non_finite_updates_are_skipped_counted_and_stop_training_with_a_diagnos
 def test_auto_precision_trains_as_resolved_and_the_run_config_records_it(tmp_path, monkeypatch, amx, bf16_s, resolved):
     """With AMX bf16; without, what the measurement (here faked: fp32 takes 1 s, bf16 ``bf16_s``) finds faster."""
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
-    monkeypatch.setattr(precision, "training_seconds", lambda m, v: {"fp32": {"step": 1.0}, "bf16": {"step": bf16_s}})
+    monkeypatch.setattr(measured, "training_seconds", lambda m, v: {"fp32": {"step": 1.0}, "bf16": {"step": bf16_s}})
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     cfg = tiny_config(tmp_path, precision="auto", train={"max_steps": 1})
     logs = []
@@ -134,7 +136,7 @@ def test_auto_precision_trains_as_resolved_and_the_run_config_records_it(tmp_pat
 def test_training_on_cuda_picks_attention_kernels_per_batch(tmp_path, monkeypatch):
     """Every training and validation forward pass runs without cuDNN attention (it plans every new shape) and,
     its batch being short, without flash; the flags are process-wide, readable without a GPU, and restored."""
-    real, build = update.training_attention, train.build_model
+    real, build = update.training_attention, setup.build_model
     for module in (update, validation):
         monkeypatch.setattr(module, "training_attention", lambda device, length: real(torch.device("cuda"), length))
     cuda, seen = torch.backends.cuda, []
@@ -148,7 +150,7 @@ def test_training_on_cuda_picks_attention_kernels_per_batch(tmp_path, monkeypatc
         )
         return model
 
-    monkeypatch.setattr(train, "build_model", watched)
+    monkeypatch.setattr(setup, "build_model", watched)
     run_trainer(tiny_config(tmp_path, train={"max_steps": 2, "eval_every": 2}))
     assert len(seen) >= 3 and set(seen) == {(False, False, True)}
     assert cuda.cudnn_sdp_enabled() and cuda.flash_sdp_enabled()
@@ -182,7 +184,7 @@ class HandClock:
         self.tokens: list[int] = []
         self.flops: list[float] = []
         monkeypatch.setattr(meter, "clock", lambda: self.now)
-        real_update, real_validate, real_save = Updater.__call__, train.valid_metrics, train.checkpoint.save
+        real_update, real_validate, real_save = Updater.__call__, validation.Validator.__call__, train.checkpoint.save
 
         def update(updater, work, step):  # every update here is finite: its tokens all count
             self.now += update_s
@@ -199,7 +201,7 @@ class HandClock:
             return real_save(*args)
 
         monkeypatch.setattr(Updater, "__call__", update)
-        monkeypatch.setattr(train, "valid_metrics", validate)
+        monkeypatch.setattr(validation.Validator, "__call__", validate)
         monkeypatch.setattr(train.checkpoint, "save", save)
 
 
@@ -220,7 +222,7 @@ def test_with_a_card_s_peak_each_record_logs_model_flops_per_second_and_mfu(tmp_
     """The model FLOPs of a window's updates over its seconds, and over the peak (a CPU has none: here one is given,
     and tiny_run, on the CPU, logs no MFU)."""
     clock = HandClock(monkeypatch, update_s=1.0)
-    monkeypatch.setattr(train.mfu, "bf16_peak", lambda device: (1e9, "a test card"))
+    monkeypatch.setattr(bookkeeping.mfu, "bf16_peak", lambda device: (1e9, "a test card"))
     cfg = tiny_config(tmp_path, train={"max_steps": 4, "log_every": 2, "eval_every": 4, "save_every": 4})
     messages: list[str] = []
     run_trainer(cfg, log=messages.append)

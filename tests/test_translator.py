@@ -133,10 +133,10 @@ def test_any_unicode_gives_one_line_per_input(translator, lines):
 
 def test_half_precision_translates_as_autocast_over_the_model(translator, model):
     """bf16 decoding (on a copy with bf16 Linear weights): the same output as autocast over the fp32 model."""
-    t = Translator.from_checkpoint(translator.checkpoint, TranslateOptions("cpu", "bf16", beam=3, nbest=2))
+    t = Translator.from_checkpoint(translator.members[0], TranslateOptions("cpu", "bf16", beam=3, nbest=2))
     assert t.model is not model
     lines = SENTENCES[:8]
-    fp32 = Translator.from_checkpoint(translator.checkpoint, TranslateOptions("cpu", beam=3, nbest=2))
+    fp32 = Translator.from_checkpoint(translator.members[0], TranslateOptions("cpu", beam=3, nbest=2))
     fp32.model = model  # autocast over the model itself, as the bf16 copy stands for it
     with torch.autocast("cpu", dtype=torch.bfloat16):
         want = [(o.texts, o.scores) for o in fp32.translate_chunk(lines)]
@@ -163,8 +163,8 @@ def test_a_model_trained_on_lowercased_text_gets_its_input_lowercased(translator
 
 def test_precision_auto_decodes_in_the_precision_it_chose(translator, model, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    auto = Translator.from_checkpoint(translator.checkpoint, TranslateOptions("cpu", "auto"))
+    auto = Translator.from_checkpoint(translator.members[0], TranslateOptions("cpu", "auto"))
     assert auto.precision in ("fp32", "bf16", "int8")
-    chosen = Translator.from_checkpoint(translator.checkpoint, TranslateOptions("cpu", auto.precision))
+    chosen = Translator.from_checkpoint(translator.members[0], TranslateOptions("cpu", auto.precision))
     lines = SENTENCES[:4]
     assert [o.texts for o in auto.translate_chunk(lines)] == [o.texts for o in chosen.translate_chunk(lines)]

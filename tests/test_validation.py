@@ -9,17 +9,24 @@ from transformer.model.transformer import build_model
 from transformer.text.batching import collate, make_batches
 from transformer.training import train_data
 from transformer.training.loss import label_smoothed_nll
-from transformer.training.validation import valid_metrics
+from transformer.training.validation import Validator
 
 
 def test_loss_is_that_of_the_whole_logits_and_the_model_is_left_training(tmp_path):
+    """Each module of the model stays in training mode: validation runs through a copy of its modules made once,
+    over the model's own tensors, so a second validation sees the weights as they are then."""
     cfg = tiny_config(tmp_path, train={"label_smoothing": 0.1})
     cfg.out_dir.mkdir(parents=True)
     tokenizer, _, valid, valid_enc = train_data.read_splits(cfg, cfg.out_dir, None, lambda msg: None)
     torch.manual_seed(0)
     model = build_model(cfg.model, tokenizer.vocab_size, tokenizer.pad_id)
-    metrics = valid_metrics(model, tokenizer, cfg, torch.device("cpu"), valid, valid_enc)
-    assert model.training and set(metrics) == {"valid_loss", "valid_nll", "valid_ppl", "valid_bleu", "valid_chrf"}
+    validate = Validator(model, tokenizer, cfg, torch.device("cpu"), valid, valid_enc)
+    with torch.no_grad():
+        for p in model.parameters():  # trained further after the validator was made
+            p.add_(0.01 * torch.randn_like(p))
+    metrics = validate()
+    assert all(m.training for m in model.modules())
+    assert set(metrics) == {"valid_loss", "valid_nll", "valid_ppl", "valid_bleu", "valid_chrf"}
     model.eval()
     loss = nll = tokens = 0.0
     with torch.no_grad():

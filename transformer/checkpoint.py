@@ -6,7 +6,7 @@ tokenizer's fingerprint) and, for resumable checkpoints, ``trainer.pt`` (optimiz
 schedule, scaler, RNG and data position), read back with ``torch.load(weights_only=True)``.
 Everything is written under a temporary name and renamed into place, so a crash
 or a full disk never leaves a half-written checkpoint where a good one was, and recorded as tfm's
-(``.tfm-files``, transformer.manifest), so that only what tfm wrote is ever deleted or replaced.
+(``.tfm-files``, transformer.storage.manifest), so that only what tfm wrote is ever deleted or replaced.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from safetensors.torch import load_model, save_model
 from transformer import config_file
 from transformer.config import Config
 from transformer.errors import CheckpointError, ConfigError, DataError, WriteError
-from transformer.files import atomic_dir, remove_dir
-from transformer.memory import check_fits
 from transformer.model.transformer import Transformer, build_model
+from transformer.runtime.memory import check_fits
+from transformer.storage.files import atomic_dir, remove_dir
 from transformer.text.tokenizer import Tokenizer
 
 CONFIG, TOKENIZER, WEIGHTS, META, TRAINER = (
@@ -40,7 +40,10 @@ CONFIG, TOKENIZER, WEIGHTS, META, TRAINER = (
 )
 STEP_PREFIX = "step_"
 EVAL = "eval"  # the folder tfm eval writes its reports into, beside a checkpoint's files
-CHECKPOINT, AVERAGE = "checkpoint", "average"  # the kinds of folder (transformer.manifest) a checkpoint is saved as
+CHECKPOINT, AVERAGE = (
+    "checkpoint",
+    "average",
+)  # the kinds of folder (storage.manifest) a checkpoint is saved as
 
 
 @dataclass

@@ -126,7 +126,7 @@ class Config:
     run_dir: str = "runs"
     seed: int = 1
     device: str = "auto"
-    precision: str = "fp32"  # a name transformer.precision knows (fp32, bf16, fp16, auto), checked as a run starts
+    precision: str = "fp32"  # a name runtime.precision knows (fp32, bf16, fp16, auto), checked as a run starts
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)

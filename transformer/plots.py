@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from transformer import manifest
 from transformer.decoding.attention_maps import AttentionMaps
 from transformer.errors import PlotError
-from transformer.files import atomic_file, cannot_write
+from transformer.storage import manifest
+from transformer.storage.files import atomic_file, cannot_write
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

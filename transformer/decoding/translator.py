@@ -19,16 +19,19 @@ from typing import Callable, Iterable, Iterator, Sequence
 import torch
 
 from transformer.checkpoint import Loaded, load
-from transformer.config import DecodeConfig, check_decode
+from transformer.config import Config, DecodeConfig, check_decode
 from transformer.decoding.ensemble import Ensemble, check_members
 from transformer.decoding.search import Hypothesis, beam_finished, beam_search, greedy_search, ranked
-from transformer.device import resolve_device
 from transformer.errors import ConfigError, TranslateError
+from transformer.measured import decoding_precision
+from transformer.model.decoding_copy import decoding_model
 from transformer.model.speed import shape_changing_attention
 from transformer.model.transformer import Transformer
-from transformer.precision import autocast, check_precision, decoding_model, decoding_precision
-from transformer.process import decoding_threads
+from transformer.runtime.device import resolve_device
+from transformer.runtime.precision import autocast, check_precision
+from transformer.runtime.process import decoding_threads
 from transformer.text.batching import sorted_batches, source_tensor
+from transformer.text.tokenizer import Tokenizer
 
 _SPACES = re.compile(r"\s+")
 _SURROGATES = re.compile("[\ud800-\udfff]")
@@ -87,37 +90,37 @@ class TranslateOptions:
 
 
 class Translator:
-    """A trained model (``checkpoint``: its config, tokenizer and weights), or an ensemble of several (``members``,
-    the first of them ``checkpoint``), decoding text in ``decode``'s settings (beam, n-best, length penalty, lengths,
-    batch size), on ``device`` in ``precision`` (what auto chose), through ``model``: the model as that precision
-    decodes it (precision.decoding_model), or the members' as one (decoding.ensemble). Made by ``from_checkpoint``."""
+    """``model`` (what decodes: a model as its precision decodes it, model.decoding_copy, or an ensemble's members as
+    one, decoding.ensemble) with its ``tokenizer`` and config ``cfg`` (its languages, casing and positions), decoding
+    text in ``decode``'s settings (beam, n-best, length penalty, lengths, batch size) on ``device`` in ``precision``
+    (what auto chose). ``from_checkpoint`` makes one from checkpoints, which it keeps as ``members``."""
 
     def __init__(
         self,
-        members: Sequence[Loaded],
         model: Transformer | Ensemble,
+        tokenizer: Tokenizer,
+        cfg: Config,
         decode: DecodeConfig,
         device: torch.device,
         precision: str,
+        members: Sequence[Loaded] = (),
     ) -> None:
-        self.members, self.checkpoint = list(members), members[0]
-        self.model, self.decode = model, decode
-        self.device, self.precision = device, precision
-        self.tokenizer = self.checkpoint.tokenizer
-        self.max_positions = min(m.cfg.model.max_positions for m in members)
-        self.lowercase = self.checkpoint.cfg.data.lowercase  # trained on lowercased text: input is lowercased as it was
+        self.model, self.tokenizer, self.cfg = model, tokenizer, cfg
+        self.decode, self.device, self.precision = decode, device, precision
+        self.members = list(members)
+        self.max_positions = min(m.cfg.model.max_positions for m in members) if members else cfg.model.max_positions
+        self.lowercase = cfg.data.lowercase  # trained on lowercased text: input is lowercased as it was
         self.warn = lambda msg: print(f"warning: {msg}", file=sys.stderr)
 
     @classmethod
     def from_checkpoint(
         cls, checkpoint: str | Path | Loaded | Sequence[str | Path | Loaded], options: TranslateOptions
     ) -> Translator:
-        """The one way to make a Translator: ``checkpoint`` a directory (loaded onto the device), one already in
-        memory (the trainer's model as it validates), or several directories decoding as an ensemble, under
-        ``options``; what the decode settings given and the (first) checkpoint's say together is checked here, and
-        an ensemble's members against each other (ensemble.check_members). The models are prepared for decoding
-        now, once (auto picks the precision for the first one's shape); one model decodes alone, exactly as outside an
-        ensemble."""
+        """The one way to make a Translator from checkpoints: ``checkpoint`` a directory (loaded onto the device), one
+        already in memory, or several decoding as an ensemble, under ``options``; what the decode settings given and
+        the (first) checkpoint's say together is checked here, and an ensemble's members against each other
+        (ensemble.check_members). The models are prepared for decoding now, once (auto picks the precision for the
+        first one's shape); one model decodes alone, exactly as outside an ensemble."""
         device = options.device  # a torch device since __post_init__
         given = [checkpoint] if isinstance(checkpoint, (str, Path, Loaded)) else list(checkpoint)
         if not given:
@@ -136,7 +139,8 @@ class Translator:
         check_decode(decode, loaded.tokenizer.vocab_size)  # the settings given against the checkpoint's and its model
         precision = decoding_precision(options.precision, loaded.model, device, lambda msg: print(msg, file=sys.stderr))
         models = [decoding_model(m.model, precision, device) for m in members]
-        return cls(members, models[0] if len(models) == 1 else Ensemble(models), decode, device, precision)
+        model = models[0] if len(models) == 1 else Ensemble(models)
+        return cls(model, loaded.tokenizer, loaded.cfg, decode, device, precision, members)
 
     def alone(self) -> list[Translator]:
         """Each member of an ensemble decoding alone, in the same settings and precision, through the model the
@@ -144,7 +148,9 @@ class Translator:
         if not isinstance(self.model, Ensemble):
             return [self]
         made = zip(self.members, self.model.members)
-        return [type(self)([m], model, self.decode, self.device, self.precision) for m, model in made]
+        return [
+            type(self)(model, m.tokenizer, m.cfg, self.decode, self.device, self.precision, [m]) for m, model in made
+        ]
 
     def with_decode(self, decode: DecodeConfig) -> Translator:
         """The same model, tokenizer and device under other decode settings, checked where they came in (a server's

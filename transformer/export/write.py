@@ -9,10 +9,10 @@ from pathlib import Path
 from transformer.checkpoint import load, read_files
 from transformer.errors import ExportError
 from transformer.export.ctranslate2_spec import ctranslate2_spec
-from transformer.files import atomic_dir, check_apart, check_replaceable, output_path
+from transformer.storage.files import atomic_dir, check_apart, check_replaceable, output_path
 
 FORMATS = ("ctranslate2", "hf")
-KIND = "export"  # what an export folder is recorded as (transformer.manifest): --overwrite replaces only one of these
+KIND = "export"  # what an export folder is recorded as (storage.manifest): --overwrite replaces only one of these
 
 
 def export(checkpoint: str | Path, output: str | Path, fmt: str = "ctranslate2", overwrite: bool = False) -> Path:

@@ -36,6 +36,7 @@ class FoldedCrossAttention(MultiHeadAttention):
         with torch.device("meta"):  # projections that the attention's replace: no memory, no draws from the RNG
             super().__init__(attention.h * attention.d_k, attention.h, attention.dropout)
         self.in_proj, self.out_proj = attention.in_proj, attention.out_proj
+        self.train(attention.training)
         h, d_k, rows = source.h, source.d_k, source.query_rows
         w, b = source.in_proj.weight.detach(), source.in_proj.bias.detach()
         w_q, b_q, w_o = w[rows], b[rows], source.out_proj.weight.detach()

@@ -1,4 +1,4 @@
-"""Linear layers that decoding swaps into the model for int8 (transformer.precision chooses): each computes x W^T + b
+"""Linear layers that decoding swaps into the model for int8 (model.decoding_copy): each computes x W^T + b
 as the nn.Linear it replaces does, with W stored in int8.
 
 ``Int8Linear``: PyTorch's dynamic quantized linear (FBGEMM on x86), one operator that quantizes its input per

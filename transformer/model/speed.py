@@ -72,19 +72,17 @@ def training_attention(device: torch.device, length: int) -> ContextManager:
     return shape_changing_attention(device)
 
 
-def called_directly(module: nn.Module, shared: tuple[nn.Module, ...] = ()) -> None:
-    """Make a copy of the model that only decodes cheap to call, all but the modules it ``shared`` with the original:
-    each submodule, parameter and buffer becomes a plain attribute, found without nn.Module.__getattr__, and each
-    module is called straight through its forward, without nn.Module's hook machinery (a copy has no hooks). A
+def called_directly(module: nn.Module) -> None:
+    """Make a copy of the model that only decodes cheap to call: each submodule, parameter and buffer becomes a plain
+    attribute, found without nn.Module.__getattr__, and each module is called straight through its forward, without
+    nn.Module's hook machinery (a copy has no hooks). A
     decoding step of one row calls some 45 modules and makes some 100 such lookups, which cost a tenth of the step;
     what each module computes is unchanged."""
-    if any(module is s for s in shared):
-        return
     module.__dict__.update({**module._modules, **module._parameters, **module._buffers})
     module.__class__ = _called_directly(type(module))
     for child in module._modules.values():
         if child is not None:
-            called_directly(child, shared)
+            called_directly(child)
 
 
 @functools.cache

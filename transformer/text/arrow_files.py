@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from transformer.files import atomic_file
+from transformer.storage.files import atomic_file
 
 ARROW_ROWS = 50_000  # rows per record batch written, and per slice read back
 _PAIR_SCHEMA = pa.schema([("src", pa.large_string()), ("tgt", pa.large_string())])

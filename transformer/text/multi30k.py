@@ -9,7 +9,7 @@ from pathlib import Path
 
 from transformer.config import DataConfig
 from transformer.errors import DataError
-from transformer.files import atomic_file
+from transformer.storage.files import atomic_file
 from transformer.text.formats import Pairs, find, pair_files, text_pairs
 
 MULTI30K_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw"

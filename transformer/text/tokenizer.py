@@ -21,7 +21,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from transformer.config import TokenizerConfig
 from transformer.errors import ConfigError, DataError
-from transformer.files import atomic_file
+from transformer.storage.files import atomic_file
 from transformer.text.corpus import Corpus
 
 _SPACE = "▁"
@@ -78,7 +78,7 @@ class Tokenizer:
         return cls(hf)
 
     def save(self, path: str | Path) -> None:
-        """Write ``tokenizer.json`` atomically (``transformer.files``)."""
+        """Write ``tokenizer.json`` atomically (``transformer.storage.files``)."""
         with atomic_file(path) as f:
             f.write(self.to_str())
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from transformer import checkpoint
 from transformer.errors import CheckpointError
-from transformer.files import check_apart, check_replaceable, output_path
+from transformer.storage.files import check_apart, check_replaceable, output_path
 
 
 def average(run_dir: str | Path, last: int, output: str | Path, overwrite: bool = False) -> Path:

@@ -2,7 +2,7 @@
 
 A run directory belongs to tfm only, and to one process at a time: ``locked`` holds it for the run
 (a second ``tfm train`` on it is refused, naming the holder's PID; the kernel drops the lock with the
-process, however it ends). Every file tfm writes there is recorded (transformer.manifest), each checkpoint in a
+process, however it ends). Every file tfm writes there is recorded (transformer.storage.manifest), each checkpoint in a
 record of its own. Starting again (with --overwrite, or after a start that saved no checkpoint) removes what tfm
 wrote and nothing else: a run that holds a file tfm did not write, at any depth, is refused, naming it, so that a
 name that happens to match a folder of the user's, or a note left in a checkpoint, never costs them a file.
@@ -26,16 +26,17 @@ try:
 except ImportError:  # Windows: no flock, so no lock
     fcntl = None
 
-from transformer import checkpoint, manifest
+from transformer import checkpoint
 from transformer.config import Config
 from transformer.config_file import to_dict
 from transformer.errors import CheckpointError, TrainError
-from transformer.files import atomic_file, clean_partial
-from transformer.manifest import LOCK
+from transformer.storage import manifest
+from transformer.storage.files import atomic_file, clean_partial
+from transformer.storage.manifest import LOCK
 
 # Config sections that fix what a checkpoint's weights and tokenizer mean; resume refuses changes here.
 FROZEN_SECTIONS = ("model", "tokenizer")
-# What a run directory is recorded as (transformer.manifest): its plain folders, and its sub-folders that are
+# What a run directory is recorded as (transformer.storage.manifest): its plain folders, and its sub-folders that are
 # checkpoints with manifests of their own (best, averages, step checkpoints, damaged ones set aside by --resume).
 RUN = "run"
 FOLDERS = ("checkpoints", "tensorboard")

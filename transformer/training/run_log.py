@@ -13,7 +13,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
-from transformer import manifest
+from transformer.storage import manifest
 from transformer.training import distributed
 from transformer.training.tensorboard_log import TensorBoardLog
 

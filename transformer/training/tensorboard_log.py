@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from transformer import manifest
 from transformer.errors import TrainError
+from transformer.storage import manifest
 
 FOLDER = "tensorboard"  # in the run directory
 CONFIG_TAG = "config"
@@ -67,7 +67,7 @@ class TensorBoardLog:
         folder = run_dir / FOLDER
         before = set(folder.iterdir()) if folder.is_dir() else set()
         self.writer = writer(str(folder), purge_step=first_step)
-        # the event file the writer made: recorded as tfm's (transformer.manifest), as it grows
+        # the event file the writer made: recorded as tfm's (transformer.storage.manifest), as it grows
         self.run_dir, self.files = run_dir, [f"{FOLDER}/{p.name}" for p in sorted(set(folder.iterdir()) - before)]
         # indented four spaces: TensorBoard renders text as Markdown, and this keeps the YAML as it is
         self.writer.add_text(CONFIG_TAG, "\n".join(f"    {line}" for line in config_yaml.splitlines()), first_step)

@@ -13,9 +13,10 @@ from typing import Callable
 
 import numpy as np
 
-from transformer import checkpoint, manifest
+from transformer import checkpoint
 from transformer.config import Config
 from transformer.errors import TrainError
+from transformer.storage import manifest
 from transformer.text.batching import EncodedCorpus, encode_corpus, padded_sizes
 from transformer.text.corpus import Corpus, load_split
 from transformer.text.tokenizer import Tokenizer, train_tokenizer

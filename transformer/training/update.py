@@ -28,7 +28,7 @@ import torch
 from transformer.config import Config
 from transformer.model.speed import training_attention
 from transformer.model.transformer import Transformer
-from transformer.precision import autocast
+from transformer.runtime.precision import autocast
 from transformer.text.batching import Batch, EncodedCorpus, collate
 from transformer.text.tokenizer import Tokenizer
 from transformer.training import distributed

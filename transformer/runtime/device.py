@@ -1,13 +1,11 @@
-"""Devices: the name a config or a flag gives (auto, cpu, cuda, cuda:N, mps) as a torch device, and the training
-switches that need a CUDA GPU."""
+"""Devices: the name a config or a flag gives (auto, cpu, cuda, cuda:N, mps) as a torch device."""
 
 from __future__ import annotations
 
 import torch
 
-from transformer.config import DEVICE, TrainConfig
+from transformer.config import DEVICE
 from transformer.errors import ConfigError
-from transformer.precision import PRECISIONS
 
 
 def resolve_device(name: str) -> torch.device:
@@ -39,22 +37,3 @@ def resolve_device(name: str) -> torch.device:
     if name == "mps" and not torch.backends.mps.is_available():
         raise ConfigError("device: mps but MPS is not available here; use device: auto or cpu")
     return torch.device(name)
-
-
-def check_gpu_switches(train: TrainConfig, precision: str, device: torch.device) -> None:
-    """train.compile and train.cuda_graphs run on CUDA only (on a CPU both measured slower or do not exist), compile
-    with torch 2.6 or newer (validation runs the compiled layers eagerly); graphs replay no loss scale, so they need
-    bf16 or fp32."""
-    for key, on in (("train.compile", train.compile), ("train.cuda_graphs", train.cuda_graphs)):
-        if on and device.type != "cuda":
-            raise ConfigError(f"{key}: true needs a CUDA GPU but the device is {device.type}; set {key}: false")
-    if train.compile and not hasattr(torch.compiler, "set_stance"):
-        raise ConfigError(
-            f"train.compile: true needs torch 2.6 or newer (this is {torch.__version__}); "
-            "upgrade torch or set train.compile: false"
-        )
-    if train.cuda_graphs and PRECISIONS[precision].loss_scaling:
-        raise ConfigError(
-            "train.cuda_graphs: true does not work with precision fp16 (loss scaling); use bf16 or fp32, "
-            "or set train.cuda_graphs: false"
-        )

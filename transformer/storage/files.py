@@ -1,5 +1,5 @@
 """Writing without losing anything: every file and folder tfm writes goes aside first and is renamed into place, is
-recorded as tfm's (transformer.manifest), follows the user's umask, and never lands on what the command reads.
+recorded as tfm's (transformer.storage.manifest), follows the user's umask, and never lands on what the command reads.
 
 A file is written as ``.NAME.tmp-PID``, a folder as ``.NAME.tmp-PID/``; the folder it replaces waits as
 ``.NAME.old-PID`` until the new one is in place. A crash, a kill or a full disk never leaves a half-written one
@@ -18,8 +18,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from transformer import manifest
 from transformer.errors import OutputError, WriteError, naming
+from transformer.storage import manifest
 
 STDIN = Path("/dev/stdin")
 NO_SPACE = os.strerror(errno.ENOSPC)  # "No space left on device", as writers that raise no OSError still say it

@@ -1,25 +1,15 @@
-"""Precisions, in one place: their names, what each needs, the autocast each runs under, the model as each decodes,
-and what ``auto`` becomes.
+"""What ``precision: auto`` becomes on a CPU where no rule decides (transformer.runtime.precision has the rules).
 
-fp32, bf16 and fp16 train and decode (bf16 and fp16 under autocast; fp16 on a CUDA GPU only, with loss scaling).
-int8 decodes only, on a CPU: a copy of the model whose Linear layers hold int8 weights (model.linears.Int8Linear),
-fp32 in and out. On a CPU every precision decodes a copy with modules swapped in for decoding steps
-(``decoding_model``); the step is always the model's own.
-
-``auto`` is resolved before anything runs. On a GPU a rule decides (bf16 from compute capability 8.0, fp16 before);
-a CPU with AMX tiles trains in bf16. On other CPUs no flag decides it: whether bf16 (or, for decoding, int8) beats
-fp32 depends on the processor's matrix instructions, how fast it reads memory and the model's shape. So the model's
-shape runs the work in each candidate (a training step; encoding and greedy steps for one sentence and for eight),
-alternated round by round, and a precision below fp32 is chosen only when it beats fp32 by ``MARGIN`` (it changes
-the model's numbers, so a near tie goes to fp32). The verdict is kept per machine and shape, in
-``$XDG_CACHE_HOME/tfm/cpu-precision.json`` (default ``~/.cache``), keyed by what decides it: the processor, torch's
-thread count and version, and the model's shape. Delete the file to measure again.
+Whether bf16 (or, for decoding, int8) beats fp32 depends on the processor's matrix instructions, how fast it reads
+memory and the model's shape. So the model's shape runs the work in each candidate (a training step; encoding and
+greedy steps for one sentence and for eight), alternated round by round, and a precision below fp32 is chosen only
+when it beats fp32 by ``MARGIN`` (it changes the model's numbers, so a near tie goes to fp32). The verdict is kept per
+machine and shape, in ``$XDG_CACHE_HOME/tfm/cpu-precision.json`` (default ``~/.cache``), keyed by what decides it: the
+processor, torch's thread count and version, and the model's shape. Delete the file to measure again.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import json
 import math
 import os
@@ -27,138 +17,20 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import ContextManager, TypeVar
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from transformer.config import ModelConfig
-from transformer.errors import ConfigError
-from transformer.files import atomic_file
-from transformer.model.cross_fold import FoldedCrossAttention
-from transformer.model.linears import Int8Linear, LinearParts, swap_linears
-from transformer.model.speed import called_directly
+from transformer.model.decoding_copy import decoding_model
 from transformer.model.transformer import Transformer, build_model
+from transformer.runtime.precision import AUTO, autocast, by_rule
+from transformer.storage.files import atomic_file
 
-
-@dataclass(frozen=True)
-class Precision:
-    """A precision's name, the dtype its matmuls run in, whether it trains, and whether its loss needs scaling."""
-
-    name: str
-    dtype: torch.dtype
-    trains: bool = True
-    loss_scaling: bool = False
-
-    @property
-    def mixed(self) -> bool:
-        """Whether matmuls run below fp32, under autocast (int8's Linear layers take and give fp32)."""
-        return self.dtype != torch.float32
-
-
-PRECISIONS = {
-    p.name: p
-    for p in (
-        Precision("fp32", torch.float32),
-        Precision("bf16", torch.bfloat16),
-        Precision("fp16", torch.float16, loss_scaling=True),
-        Precision("int8", torch.float32, trains=False),
-    )
-}
-AUTO = "auto"
 MARGIN = 1.15
 ROUNDS = 3
-
-
-def check_precision(name: str, device: torch.device, training: bool) -> None:
-    """A precision that ``device`` can train (or decode) in, or auto; else a one-line error naming the fix."""
-    names = [n for n, p in PRECISIONS.items() if p.trains or not training] + [AUTO]
-    if name not in names:
-        raise ConfigError(f"precision '{name}' is not one of {', '.join(names)}; pick one of them")
-    if name == AUTO:
-        return
-    if PRECISIONS[name].loss_scaling and device.type != "cuda":
-        raise ConfigError(
-            f"precision: fp16 needs a CUDA GPU but the device is {device.type}; use precision: bf16 or fp32"
-        )
-    if not PRECISIONS[name].trains:
-        if device.type != "cpu":
-            raise ConfigError(f"precision int8 decodes on the CPU only, the device is {device.type}; use --device cpu")
-        if torch.backends.quantized.engine == "none":
-            raise ConfigError("precision int8: this torch build has no quantized engine (FBGEMM/QNNPACK); use fp32")
-
-
-def autocast(name: str, device: torch.device) -> ContextManager:
-    """The autocast ``name`` runs under: none for fp32 and int8."""
-    p = PRECISIONS[name]
-    return torch.autocast(device_type=device.type, dtype=p.dtype) if p.mixed else contextlib.nullcontext()
-
-
-def decoding_model(
-    model: Transformer, name: str, device: torch.device, fold: bool = True, direct: bool = True
-) -> Transformer:
-    """``model`` as it decodes in precision ``name`` on ``device``, in eval mode: itself in fp32 off the CPU, else a
-    copy with modules swapped in, sharing what it does not change (``model`` itself is left as it is).
-
-    bf16, fp16: the Linear weights cast once (autocast caches no casts under inference mode, so each step would cast
-    every weight again; cast ahead, autocast rounds the same weights the same way), the output table a copy of its
-    own so that embeddings stay fp32. int8: every Linear layer in int8. fp32 on a CPU: the model's own layers, in a
-    copy of the decoder (its parameters shared). On a CPU, fp32 and int8 fold encoder-decoder attention into its float
-    projections for batches of few sentences (model.cross_fold; ``fold=False``: not, for bench.levers to measure what
-    it gains). A copy's own modules are called directly (model.speed.called_directly; ``direct=False``: not,
-    likewise).
-    """
-    p = PRECISIONS[name]
-    if p.mixed:
-        half = copy.deepcopy(model).eval().requires_grad_(False)
-        half.generator.weight = nn.Parameter(half.generator.weight.detach().to(p.dtype), requires_grad=False)
-        swap_linears(half, lambda parent, linear: linear.to(p.dtype))
-        if direct:
-            called_directly(half)
-        return half
-    if device.type != "cpu":
-        return model.eval()
-    if p.trains:  # fp32: the decoder is the copy's own, for the fold to swap into; all else shared
-        fast = copy.copy(model.eval())
-        fast._modules = dict(model._modules)
-        fast.decoder = copy.deepcopy(model.decoder, memo={id(t): t for t in model.decoder.parameters()})
-    else:
-        fast = copy.deepcopy(model).eval().requires_grad_(False)
-        for layer in fast.decoder.layers:  # encoder-decoder attention applies its queries and its keys and values apart
-            cross = layer.cross_attn
-            cross.in_proj = LinearParts(cross.in_proj, (cross.query_rows, cross.key_value_rows), Int8Linear)
-        swap_linears(fast, lambda parent, linear: Int8Linear(linear.weight, linear.bias))
-    if fold:
-        for layer, source in zip(fast.decoder.layers, model.decoder.layers):
-            layer.cross_attn = FoldedCrossAttention(layer.cross_attn, source.cross_attn)
-    if direct:
-        called_directly(fast, shared=tuple(model.children()))
-    return fast
-
-
-def cpu_has_amx() -> bool:
-    """Whether this CPU has AMX tiles, the matrix units that multiply bf16 (torch's own check of the CPU flags)."""
-    supported = getattr(torch.cpu, "_is_amx_tile_supported", None)  # private; older torch builds lack it
-    return bool(supported and supported())
-
-
-def _by_rule(device: torch.device) -> str | None:
-    """auto where a rule decides: a GPU by its tensor cores, fp32 off the CPU; None on a CPU."""
-    if device.type == "cuda":
-        return "bf16" if torch.cuda.get_device_capability(device) >= (8, 0) else "fp16"
-    return None if device.type == "cpu" else "fp32"
-
-
-def training_precision(name: str, device: torch.device, measured: Callable[[], str] | None = None) -> str:
-    """What training in ``name`` runs in: other names as they are; auto by the rule, bf16 on a CPU with AMX, else
-    what ``measured`` finds (``measured_training``; fp32 without it)."""
-    if name != AUTO:
-        return name
-    rule = _by_rule(device) or ("bf16" if cpu_has_amx() else None)
-    return rule or (measured() if measured is not None else "fp32")
 
 
 def measured_training(model: ModelConfig, vocab_size: int, log: Callable[[str], None]) -> str:
@@ -172,7 +44,7 @@ def decoding_precision(name: str, model: Transformer, device: torch.device, log:
     ``model``'s shape fastest here among fp32, bf16 and int8 (kept, else measured and kept)."""
     if name != AUTO:
         return name
-    if (rule := _by_rule(device)) is not None:
+    if (rule := by_rule(device)) is not None:
         return rule
     layer = model.decoder.layers[0]
     dims = (layer.self_attn.h * layer.self_attn.d_k, layer.ff.w_1.out_features, layer.self_attn.h)

@@ -1,0 +1,130 @@
+"""What a training run needs, prepared once and in one order before its first update; the loop
+(transformer.training.trainer) receives it whole.
+
+``placed`` runs before anything is written: the device, whether the model fits there, the precision (``auto``
+resolved, so that the run's config.yaml records what it trains in) and the GPU switches. ``prepare`` then, with the
+run directory held: the run directory (fresh, overwritten or resumed), the data and its tokenizer, the model, the
+optimizer and the update, and where training stands (restored from the checkpoint when resuming). The order of the
+random draws is fixed here: the seed, then the model's initialisation, then dropout's seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from transformer import checkpoint
+from transformer.config import Config, TrainConfig
+from transformer.config_file import dump
+from transformer.errors import ConfigError
+from transformer.measured import measured_training
+from transformer.model.transformer import Transformer, build_model
+from transformer.runtime.device import resolve_device
+from transformer.runtime.memory import check_fits
+from transformer.runtime.precision import PRECISIONS, training_precision
+from transformer.text.batching import EncodedCorpus
+from transformer.text.corpus import Corpus
+from transformer.text.tokenizer import Tokenizer
+from transformer.training import distributed, run_dir, train_data, train_state
+from transformer.training.schedule import make_optimizer
+from transformer.training.train_state import TrainState
+from transformer.training.update import Updater
+
+
+def placed(cfg: Config, log: Callable[[str], None]) -> tuple[Config, torch.device]:
+    """``cfg`` with its precision resolved, and the device it trains on; refuses what cannot run there."""
+    device = distributed.local_device(resolve_device(cfg.device))
+    check_fits(cfg.model, cfg.tokenizer.vocab_size, device, True, "the config's model")
+    # a CPU without AMX is measured, by one process only (ranks under torchrun keep fp32 rather than each choose)
+    alone = distributed.launched_world() == 1
+    measured = (lambda: measured_training(cfg.model, cfg.tokenizer.vocab_size, log)) if alone else None
+    precision = training_precision(cfg.precision, device, measured)
+    check_gpu_switches(cfg.train, precision, device)
+    return replace(cfg, precision=precision), device
+
+
+def check_gpu_switches(train: TrainConfig, precision: str, device: torch.device) -> None:
+    """train.compile and train.cuda_graphs run on CUDA only (on a CPU both measured slower or do not exist), compile
+    with torch 2.6 or newer (validation runs the compiled layers eagerly); graphs replay no loss scale, so they need
+    bf16 or fp32, and run in one process."""
+    for key, on in (("train.compile", train.compile), ("train.cuda_graphs", train.cuda_graphs)):
+        if on and device.type != "cuda":
+            raise ConfigError(f"{key}: true needs a CUDA GPU but the device is {device.type}; set {key}: false")
+    if train.compile and not hasattr(torch.compiler, "set_stance"):
+        raise ConfigError(
+            f"train.compile: true needs torch 2.6 or newer (this is {torch.__version__}); "
+            "upgrade torch or set train.compile: false"
+        )
+    if train.cuda_graphs and PRECISIONS[precision].loss_scaling:
+        raise ConfigError(
+            "train.cuda_graphs: true does not work with precision fp16 (loss scaling); use bf16 or fp32, "
+            "or set train.cuda_graphs: false"
+        )
+    if train.cuda_graphs and distributed.launched_world() > 1:
+        raise ConfigError(
+            "train.cuda_graphs: true runs in one process only, not under torchrun; set train.cuda_graphs: false"
+        )
+
+
+@dataclass
+class Run:
+    """A prepared run: its resolved config and device, its data, the model and the update that trains it, and where
+    training stands."""
+
+    cfg: Config
+    device: torch.device
+    tokenizer: Tokenizer
+    train: EncodedCorpus
+    valid: Corpus
+    valid_enc: EncodedCorpus
+    model: Transformer
+    update: Updater
+    state: TrainState
+    config_yaml: str
+
+    @property
+    def out_dir(self) -> Path:
+        """The run directory."""
+        return self.cfg.out_dir
+
+
+def prepare(cfg: Config, device: torch.device, resume: bool, overwrite: bool, log: Callable[[str], None]) -> Run:
+    """Everything the run needs, in order; rank 0 prepares the run directory and the tokenizer, the others follow."""
+    resume_from = run_dir.prepare(cfg.out_dir, resume, overwrite, log) if distributed.is_main() else None
+    resume_from = distributed.from_main(resume_from)  # every rank resumes from rank 0's choice
+    tokenizer = None
+    if resume_from is not None:
+        run_dir.check_compatible(cfg, resume_from)
+        tokenizer = Tokenizer.load(resume_from / checkpoint.TOKENIZER)
+    torch.manual_seed(cfg.seed)
+    with distributed.main_first():  # rank 0 trains and saves the tokenizer; the others read it
+        if tokenizer is None and not distributed.is_main():
+            tokenizer = Tokenizer.load(cfg.out_dir / checkpoint.TOKENIZER)
+        tokenizer, train, valid, valid_enc = train_data.read_splits(cfg, cfg.out_dir, tokenizer, log)
+    model = build_model(cfg.model, tokenizer.vocab_size, tokenizer.pad_id).to(device)
+    ddp = distributed.wrap(model, device)
+    distributed.seed_dropout(cfg.seed)
+    optimizer = make_optimizer(model, cfg.train, device)
+    scaler = torch.amp.GradScaler(device.type, enabled=PRECISIONS[cfg.precision].loss_scaling)
+    update = Updater(cfg, device, model, ddp, optimizer, scaler)
+    config_yaml = dump(cfg)
+    if distributed.is_main():
+        run_dir.write_file(cfg.out_dir, checkpoint.CONFIG, config_yaml)
+    state = TrainState() if resume_from is None else _restored(resume_from, cfg, device, model, update, log)
+    return Run(cfg, device, tokenizer, train, valid, valid_enc, model, update, state, config_yaml)
+
+
+def _restored(
+    ckpt_dir: Path, cfg: Config, device: torch.device, model: Transformer, update: Updater, log: Callable[[str], None]
+) -> TrainState:
+    """Weights, optimizer, scaler and RNGs put back as ``ckpt_dir`` saved them; its TrainState."""
+    model.load_state_dict(checkpoint.load(ckpt_dir, device).model.state_dict())
+    saved = checkpoint.load_trainer_state(ckpt_dir)
+    state = train_state.restore(saved, update.optimizer, update.scaler)
+    update.resume(state.bad_in_a_row)
+    distributed.restore_rng(saved.get("rank_rng"), device, cfg.seed, state.step, log)
+    log(f"resumed from {ckpt_dir} at step {state.step}")
+    return state
