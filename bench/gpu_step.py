@@ -59,7 +59,7 @@ from transformer.config_file import load
 from transformer.decoding import host
 from transformer.decoding.translator import TranslateOptions, Translator
 from transformer.export.write import export
-from transformer.model.transformer import build_model
+from transformer.model.transformer import Transformer
 from transformer.runtime.precision import PRECISIONS, training_precision
 from transformer.text.batching import EncodedCorpus, encode_corpus, make_batches
 from transformer.text.corpus import load_split
@@ -141,7 +141,7 @@ class System:
     ) -> None:
         self.device = device
         torch.manual_seed(cfg.seed)
-        model = build_model(cfg.model, tok.vocab_size, tok.pad_id).to(device).train()
+        model = Transformer(cfg.model, tok.vocab_size, tok.pad_id).to(device).train()
         self.cfg = replace(cfg, precision=training_precision(cfg.precision, device))
         opt = make_optimizer(model, cfg.train, device)
         scaler = torch.amp.GradScaler(device.type, enabled=PRECISIONS[self.cfg.precision].loss_scaling)

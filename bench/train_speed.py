@@ -24,7 +24,7 @@ from bench.common import interleave, median, paired_ratio, workers
 from bench.marian_peer import build_marian, marian_logits
 from transformer.config import Config
 from transformer.model.speed import shape_changing_attention, training_attention
-from transformer.model.transformer import build_model
+from transformer.model.transformer import Transformer
 from transformer.runtime.precision import autocast
 from transformer.text.batching import Batch, collate, encode_corpus, make_batches
 from transformer.text.corpus import load_split
@@ -162,7 +162,7 @@ def model_factory(cfg: Config, tok: Tokenizer) -> Callable[[], torch.nn.Module]:
 
     def model() -> torch.nn.Module:
         torch.manual_seed(cfg.seed)
-        return build_model(cfg.model, tok.vocab_size, tok.pad_id).train()
+        return Transformer(cfg.model, tok.vocab_size, tok.pad_id).train()
 
     return model
 

@@ -18,7 +18,7 @@ from tiny import SAMPLE, run_trainer, tiny_config
 
 from transformer import checkpoint
 from transformer.config import DataConfig, TokenizerConfig
-from transformer.model.transformer import build_model
+from transformer.model.transformer import Transformer
 from transformer.text.corpus import Corpus, load_split
 from transformer.text.tokenizer import Tokenizer, train_tokenizer
 from transformer.training.trainer import Result
@@ -108,7 +108,7 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     texts += (SAMPLE / "train.en").read_text(encoding="utf-8").splitlines()
     tok = Tokenizer.train(texts, vocab_size=cfg.tokenizer.vocab_size)
     torch.manual_seed(0)
-    return checkpoint.save(folder / "ck", cfg, tok, build_model(cfg.model, tok.vocab_size, tok.pad_id), {"step": 0})
+    return checkpoint.save(folder / "ck", cfg, tok, Transformer(cfg.model, tok.vocab_size, tok.pad_id), {"step": 0})
 
 
 @pytest.fixture()

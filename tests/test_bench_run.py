@@ -10,7 +10,7 @@ import torch
 
 from bench.run import TARGETS, run_ensemble, table
 from transformer import checkpoint
-from transformer.model.transformer import build_model
+from transformer.model.transformer import Transformer
 
 LINES = [f"Ein Hund läuft {i} mal." for i in range(40)]
 
@@ -18,7 +18,7 @@ LINES = [f"Ein Hund läuft {i} mal." for i in range(40)]
 def test_the_ensemble_section_measures_the_ensemble_against_its_members(tiny_checkpoint, tmp_path):
     first = checkpoint.load(tiny_checkpoint)
     torch.manual_seed(1)
-    model = build_model(first.cfg.model, first.tokenizer.vocab_size, first.tokenizer.pad_id)
+    model = Transformer(first.cfg.model, first.tokenizer.vocab_size, first.tokenizer.pad_id)
     second = replace(first, model=model, path=tmp_path / "second")
     rows = run_ensemble(argparse.Namespace(quick=True), [first, second], LINES, LINES)
     assert [(r["beam"], r["batch"]) for r in rows] == [(1, 32), (1, 1), (5, 32), (5, 1)]

@@ -13,7 +13,7 @@ from tiny import tiny_config
 
 from transformer import checkpoint
 from transformer.errors import CheckpointError
-from transformer.model.transformer import build_model
+from transformer.model.transformer import Transformer
 from transformer.storage import manifest
 from transformer.storage.files import clean_partial
 from transformer.text.tokenizer import Tokenizer
@@ -26,7 +26,7 @@ def parts(tmp_path):
     cfg = tiny_config(tmp_path)
     tok = Tokenizer.train(SENTENCES, vocab_size=cfg.tokenizer.vocab_size)
     torch.manual_seed(0)
-    model = build_model(cfg.model, tok.vocab_size, tok.pad_id)
+    model = Transformer(cfg.model, tok.vocab_size, tok.pad_id)
     return cfg, tok, model
 
 
@@ -86,7 +86,7 @@ def test_a_real_full_disk_is_one_error_and_the_last_checkpoint_survives(parts, s
     cfg, tok, model = parts
     path = checkpoint.save(small_disk / "best", cfg, tok, model, {"step": 1})
     if what == "weights":
-        bigger = build_model(replace(cfg.model, d_model=256, d_ff=512), tok.vocab_size, tok.pad_id)
+        bigger = Transformer(replace(cfg.model, d_model=256, d_ff=512), tok.vocab_size, tok.pad_id)
         args = (cfg, tok, bigger, {"step": 2})
     else:
         args = (cfg, tok, model, {"step": 2}, {"x": torch.ones(10**6)})

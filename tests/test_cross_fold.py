@@ -8,6 +8,7 @@ import pytest
 import torch
 from steps import step_logits
 
+from transformer.config import ModelConfig
 from transformer.decoding.search import beam_search, greedy_search
 from transformer.model.cross_fold import FoldedCrossAttention, worth_folding
 from transformer.model.decoding_copy import decoding_model, precision_copy
@@ -19,7 +20,7 @@ CPU = torch.device("cpu")
 def _model() -> Transformer:
     """A model whose biases are not zero (they are at initialisation), so that the query bias's term counts."""
     torch.manual_seed(0)
-    model = Transformer(50, 50, 0, N=2, d_model=32, d_ff=64, h=4, max_positions=16).eval()
+    model = Transformer(ModelConfig(N=2, d_model=32, d_ff=64, h=4, max_positions=16), 50, 0).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.2)

@@ -7,6 +7,7 @@ import torch
 from steps import step_logits
 from torch import nn
 
+from transformer.config import ModelConfig
 from transformer.model.cross_fold import FoldedCrossAttention
 from transformer.model.decoding_copy import decoding_model
 from transformer.model.linears import Int8Linear
@@ -18,7 +19,9 @@ CPU = torch.device("cpu")
 def _model(norm_first: bool = False, tie: bool = True, d_model: int = 32) -> Transformer:
     torch.manual_seed(0)
     return Transformer(
-        50, 50, 0, N=2, d_model=d_model, d_ff=64, h=4, norm_first=norm_first, tie_embeddings=tie, max_positions=8
+        ModelConfig(N=2, d_model=d_model, d_ff=64, h=4, norm_first=norm_first, tie_embeddings=tie, max_positions=8),
+        50,
+        0,
     ).eval()
 
 

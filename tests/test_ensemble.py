@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from transformer import checkpoint
+from transformer.config import ModelConfig
 from transformer.decoding.ensemble import Ensemble, check_members
 from transformer.decoding.search import beam_search, greedy_search
 from transformer.decoding.translator import TranslateOptions, Translator
@@ -31,7 +32,7 @@ def _model(seed: int, N: int = 2, d_model: int = 32) -> Transformer:
     """An untrained model made decisive: its output table (tied to the embeddings) scaled up so that the best next
     tokens stand apart by more than float rounding, and searches compared across implementations do not meet ties."""
     torch.manual_seed(seed)
-    model = Transformer(60, 60, 0, N=N, d_model=d_model, d_ff=64, h=4, dropout=0.0).eval()
+    model = Transformer(ModelConfig(N=N, d_model=d_model, d_ff=64, h=4, dropout=0.0), 60, 0).eval()
     with torch.no_grad():
         model.generator.weight.mul_(6.0)
     return model
@@ -120,9 +121,9 @@ def members(tiny_checkpoint, tmp_path_factory):
     first = checkpoint.load(tiny_checkpoint, "cpu")
     cfg = replace(first.cfg, model=replace(first.cfg.model, N=2))
     torch.manual_seed(1)
-    from transformer.model.transformer import build_model
+    from transformer.model.transformer import Transformer
 
-    model = build_model(cfg.model, first.tokenizer.vocab_size, first.tokenizer.pad_id)
+    model = Transformer(cfg.model, first.tokenizer.vocab_size, first.tokenizer.pad_id)
     second = checkpoint.save(tmp_path_factory.mktemp("second") / "ck", cfg, first.tokenizer, model, {"step": 0})
     return tiny_checkpoint, second
 

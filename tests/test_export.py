@@ -16,7 +16,7 @@ from transformer import checkpoint
 from transformer.decoding.search import greedy_search
 from transformer.errors import ExportError, OutputError
 from transformer.export.write import export
-from transformer.model.transformer import build_model
+from transformer.model.transformer import Transformer
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
@@ -28,7 +28,7 @@ def saved(request, tmp_path, sample_tokenizer):
     """A randomly initialised tiny checkpoint (post- or pre-norm) and its loaded form."""
     cfg = tiny_config(tmp_path, model={"norm_first": request.param, "dropout": 0.0})
     torch.manual_seed(0)
-    model = build_model(cfg.model, sample_tokenizer.vocab_size, sample_tokenizer.pad_id)
+    model = Transformer(cfg.model, sample_tokenizer.vocab_size, sample_tokenizer.pad_id)
     path = checkpoint.save(tmp_path / "ckpt", cfg, sample_tokenizer, model, {"step": 0})
     return path, checkpoint.load(path)
 

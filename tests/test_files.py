@@ -11,7 +11,7 @@ from tiny import tiny_config
 
 from transformer import checkpoint
 from transformer.errors import OutputError, WriteError
-from transformer.model.transformer import build_model
+from transformer.model.transformer import Transformer
 from transformer.storage import manifest
 from transformer.storage.files import (
     atomic_dir,
@@ -40,7 +40,7 @@ def test_interrupted_save_and_prune_are_repaired_on_the_next_start(tmp_path):
     """Kill between save's two renames: only ``.best.old-PID`` is left; it is put back, temporaries removed."""
     cfg = tiny_config(tmp_path)
     tok = Tokenizer.train(["Ein Mann fährt Fahrrad."] * 20, vocab_size=cfg.tokenizer.vocab_size)
-    model = build_model(cfg.model, tok.vocab_size, tok.pad_id)
+    model = Transformer(cfg.model, tok.vocab_size, tok.pad_id)
     folder = tmp_path / "run"
     best = checkpoint.save(folder / "best", cfg, tok, model, {"step": 4})
     stale = checkpoint.save(folder / "stale", cfg, tok, model, {"step": 2})

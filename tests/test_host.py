@@ -15,6 +15,7 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
+from transformer.config import ModelConfig
 from transformer.decoding import host
 from transformer.decoding.ensemble import Ensemble
 from transformer.decoding.search import beam_search, greedy_search
@@ -70,7 +71,7 @@ REAL_TO_HOST = host.to_host
 
 def _model(seed: int) -> Transformer:
     torch.manual_seed(seed)
-    model = Transformer(23, 23, PAD, N=2, d_model=32, d_ff=64, h=4, dropout=0.1, tie_embeddings=False).eval()
+    model = Transformer(ModelConfig(N=2, d_model=32, d_ff=64, h=4, dropout=0.1, tie_embeddings=False), 23, PAD).eval()
     with torch.no_grad():
         model.generator.weight.mul_(2)
         model.generator.weight[END].mul_(4)  # <END> likely enough that sentences end at different steps

@@ -18,7 +18,7 @@ from transformer.decoding.search import beam_search, greedy_search
 from transformer.errors import ExportError
 from transformer.export.marian import residual_order
 from transformer.export.write import export
-from transformer.model.transformer import build_model, sinusoids
+from transformer.model.transformer import Transformer, sinusoids
 
 transformers = pytest.importorskip("transformers")
 
@@ -30,7 +30,7 @@ def saved(request, tmp_path, sample_tokenizer):
     """A randomly initialised tiny post-norm checkpoint, its embeddings tied or not."""
     cfg = tiny_config(tmp_path, model={"dropout": 0.0, "tie_embeddings": request.param})
     torch.manual_seed(0)
-    model = build_model(cfg.model, sample_tokenizer.vocab_size, sample_tokenizer.pad_id)
+    model = Transformer(cfg.model, sample_tokenizer.vocab_size, sample_tokenizer.pad_id)
     return checkpoint.save(tmp_path / "ckpt", cfg, sample_tokenizer, model, {"step": 0})
 
 
@@ -130,7 +130,7 @@ def test_export_loads_and_translates_with_no_tfm_code(tiny_run, tmp_path):
 
 def test_export_refuses_pre_norm_and_an_existing_folder(tmp_path, sample_tokenizer, saved):
     cfg = tiny_config(tmp_path, model={"norm_first": True})
-    model = build_model(cfg.model, sample_tokenizer.vocab_size, sample_tokenizer.pad_id)
+    model = Transformer(cfg.model, sample_tokenizer.vocab_size, sample_tokenizer.pad_id)
     pre = checkpoint.save(tmp_path / "pre", cfg, sample_tokenizer, model, {"step": 0})
     with pytest.raises(ExportError, match="pre-norm"):
         export(pre, tmp_path / "hf-pre", fmt="hf")

@@ -35,7 +35,9 @@ def cache_home(tmp_path, monkeypatch):
 def _model(norm_first: bool = False, tie: bool = True, d_model: int = 32) -> Transformer:
     torch.manual_seed(0)
     return Transformer(
-        50, 50, 0, N=2, d_model=d_model, d_ff=64, h=4, norm_first=norm_first, tie_embeddings=tie, max_positions=8
+        ModelConfig(N=2, d_model=d_model, d_ff=64, h=4, norm_first=norm_first, tie_embeddings=tie, max_positions=8),
+        50,
+        0,
     ).eval()
 
 

@@ -6,7 +6,7 @@ import torch
 
 from transformer.config import ModelConfig
 from transformer.errors import ConfigError
-from transformer.model.transformer import build_model
+from transformer.model.transformer import Transformer
 from transformer.runtime.memory import check_fits, parameters
 
 
@@ -14,7 +14,7 @@ from transformer.runtime.memory import check_fits, parameters
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_the_count_is_the_models_own(tied, norm_first):
     shape = ModelConfig(N=2, d_model=32, d_ff=48, h=4, tie_embeddings=tied, norm_first=norm_first, max_positions=16)
-    model = build_model(shape, 300, 0)
+    model = Transformer(shape, 300, 0)
     assert parameters(shape, 300) == sum(p.numel() for p in model.parameters())
 
 

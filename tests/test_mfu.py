@@ -5,7 +5,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from transformer.config import ModelConfig
-from transformer.model.transformer import build_model
+from transformer.model.transformer import Transformer
 from transformer.training import mfu
 
 
@@ -13,7 +13,7 @@ def test_the_count_is_torch_s_count_of_the_matmuls():
     """torch's FlopCounterMode, which counts every matmul (attention's too, under SDPA's math kernel), finds
     forward_flops in a forward pass and train_flops, three times as many, in a forward and backward pass."""
     m = ModelConfig(N=2, d_model=32, d_ff=64, h=4, dropout=0.0)
-    model = build_model(m, 50, 0).train()
+    model = Transformer(m, 50, 0).train()
     B, S, T = 3, 7, 5
     src, tgt = torch.randint(1, 50, (B, S)), torch.randint(1, 50, (B, T))
     with sdpa_kernel(SDPBackend.MATH):

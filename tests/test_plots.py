@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from cli.main import app
 from transformer import checkpoint, plots
 from transformer.decoding.attention_maps import attention_maps
-from transformer.model.transformer import build_model
+from transformer.model.transformer import Transformer
 from transformer.text.corpus import load_split
 from transformer.text.tokenizer import train_tokenizer
 
@@ -39,7 +39,7 @@ def ckpt(tmp_path_factory):
     root = tmp_path_factory.mktemp("plots")
     cfg = tiny_config(root, decode={"max_len_b": 4})
     tok = train_tokenizer(cfg.tokenizer, load_split(cfg.data, "train"))
-    return checkpoint.save(root / "ckpt", cfg, tok, build_model(cfg.model, tok.vocab_size, tok.pad_id), {"step": 0})
+    return checkpoint.save(root / "ckpt", cfg, tok, Transformer(cfg.model, tok.vocab_size, tok.pad_id), {"step": 0})
 
 
 @needs_matplotlib

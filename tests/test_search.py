@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from transformer.config import ModelConfig
 from transformer.decoding.search import (
     beam_finished,
     beam_search,
@@ -121,7 +122,7 @@ def test_max_output_lengths():
 def random_model() -> Transformer:
     """A random model made confident, with <END> likely enough that outputs have mixed lengths."""
     torch.manual_seed(0)
-    model = Transformer(23, 23, PAD, N=2, d_model=32, d_ff=64, h=4, dropout=0.1, tie_embeddings=False)
+    model = Transformer(ModelConfig(N=2, d_model=32, d_ff=64, h=4, dropout=0.1, tie_embeddings=False), 23, PAD)
     with torch.no_grad():
         model.generator.weight.mul_(2)
         model.generator.weight[END].mul_(4)
@@ -222,7 +223,7 @@ def test_tiny_model_learns_digit_task(task, steps):
     """Trained here on CPU (copy about 5 s, reverse about 10 s); >= 95% exact match, greedy and beam 4."""
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
-    model = Transformer(13, 13, PAD, N=2, d_model=64, d_ff=128, h=4, dropout=0.0)
+    model = Transformer(ModelConfig(N=2, d_model=64, d_ff=128, h=4, dropout=0.0), 13, PAD)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min((s + 1) / 50, (steps - s) / (steps - 50)))
     for _ in range(steps):

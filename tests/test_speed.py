@@ -4,6 +4,7 @@ Adam where torch has it, SDPA kernel choices on CUDA, a decoding copy called str
 import torch
 from steps import step_logits
 
+from transformer.config import ModelConfig
 from transformer.model.decoding_copy import precision_copy
 from transformer.model.speed import (
     FLASH_FROM_LENGTH,
@@ -69,7 +70,7 @@ def test_modules_called_directly_compute_the_same():
     """A decoding copy called straight through forward: the same logits; its submodules and parameters plain
     attributes, still the registered ones."""
     torch.manual_seed(0)
-    model = Transformer(40, 40, 0, N=2, d_model=16, d_ff=32, h=2).eval()
+    model = Transformer(ModelConfig(N=2, d_model=16, d_ff=32, h=2), 40, 0).eval()
     copy = precision_copy(model, "fp32")
     src, tokens = torch.randint(3, 40, (2, 5)), torch.randint(3, 40, (2, 6))
     want = step_logits(copy, src, tokens, 1)

@@ -136,7 +136,7 @@ def test_auto_precision_trains_as_resolved_and_the_run_config_records_it(tmp_pat
 def test_training_on_cuda_picks_attention_kernels_per_batch(tmp_path, monkeypatch):
     """Every training and validation forward pass runs without cuDNN attention (it plans every new shape) and,
     its batch being short, without flash; the flags are process-wide, readable without a GPU, and restored."""
-    real, build = update.training_attention, setup.build_model
+    real, build = update.training_attention, setup.Transformer
     for module in (update, validation):
         monkeypatch.setattr(module, "training_attention", lambda device, length: real(torch.device("cuda"), length))
     cuda, seen = torch.backends.cuda, []
@@ -150,7 +150,7 @@ def test_training_on_cuda_picks_attention_kernels_per_batch(tmp_path, monkeypatc
         )
         return model
 
-    monkeypatch.setattr(setup, "build_model", watched)
+    monkeypatch.setattr(setup, "Transformer", watched)
     run_trainer(tiny_config(tmp_path, train={"max_steps": 2, "eval_every": 2}))
     assert len(seen) >= 3 and set(seen) == {(False, False, True)}
     assert cuda.cudnn_sdp_enabled() and cuda.flash_sdp_enabled()

@@ -11,7 +11,7 @@ from tiny import tiny_config
 from transformer.checkpoint import Loaded
 from transformer.decoding.translator import TranslateOptions, Translator, clean_line
 from transformer.errors import ConfigError, TranslateError
-from transformer.model.transformer import build_model
+from transformer.model.transformer import Transformer
 from transformer.text.tokenizer import Tokenizer
 
 SENTENCES = ["Ein Mann fährt Fahrrad.", "A man rides a bike.", "Der Hund läuft im Park.", "The dog runs."] * 20
@@ -30,7 +30,7 @@ def tok(cfg):
 @pytest.fixture(scope="module")
 def model(cfg, tok):
     torch.manual_seed(0)
-    return build_model(cfg.model, tok.vocab_size, tok.pad_id)
+    return Transformer(cfg.model, tok.vocab_size, tok.pad_id)
 
 
 def run(cfg, tok, model, **changes) -> Loaded:

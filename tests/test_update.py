@@ -9,7 +9,7 @@ import pytest
 import torch
 from tiny import tiny_config
 
-from transformer.model.transformer import build_model
+from transformer.model.transformer import Transformer
 from transformer.text.batching import encode_corpus, make_batches
 from transformer.text.corpus import load_split
 from transformer.text.tokenizer import train_tokenizer
@@ -35,7 +35,7 @@ def _tiny(tmp_path, **train):
 def _updater(cfg, tok, device, fused=None, levers=Levers()):
     """An Updater of a fresh tiny model, seeded: the same initial weights every time."""
     torch.manual_seed(0)
-    model = build_model(cfg.model, tok.vocab_size, tok.pad_id).to(device).train()
+    model = Transformer(cfg.model, tok.vocab_size, tok.pad_id).to(device).train()
     opt = make_optimizer(model, cfg.train, device, fused=fused)
     return Updater(cfg, device, model, model, opt, torch.amp.GradScaler(device.type, enabled=False), levers)
 
@@ -94,7 +94,7 @@ def test_one_encoder_layer_and_one_decoder_layer_are_compiled_for_all_n_and_ever
     with step.eager(), torch.no_grad():
         step.model.eval()(work.batches[0][0].src, work.batches[0][0].tgt_in)
     assert len(graphs) == 2
-    assert set(step.model.state_dict()) == set(build_model(cfg.model, tok.vocab_size, tok.pad_id).state_dict())
+    assert set(step.model.state_dict()) == set(Transformer(cfg.model, tok.vocab_size, tok.pad_id).state_dict())
 
 
 @pytest.mark.slow
@@ -160,7 +160,7 @@ def _plain_updates(cfg, tok, data, order, n, bad):
     """The plain update, written out: loss, backward, clipping, then torch's per-tensor Adam at the schedule's rate,
     stepped by the host unless the loss or the gradient norm is not finite. Losses (None if skipped) and the model."""
     torch.manual_seed(0)
-    model = build_model(cfg.model, tok.vocab_size, tok.pad_id).train()
+    model = Transformer(cfg.model, tok.vocab_size, tok.pad_id).train()
     opt = torch.optim.Adam(model.parameters(), betas=tuple(cfg.train.betas), eps=cfg.train.eps, foreach=False)
     losses = []
     for r in range(n):

@@ -5,7 +5,7 @@ import math
 import torch
 from tiny import tiny_config
 
-from transformer.model.transformer import build_model
+from transformer.model.transformer import Transformer
 from transformer.text.batching import collate, make_batches
 from transformer.training import train_data
 from transformer.training.loss import label_smoothed_nll
@@ -19,7 +19,7 @@ def test_loss_is_that_of_the_whole_logits_and_the_model_is_left_training(tmp_pat
     cfg.out_dir.mkdir(parents=True)
     tokenizer, _, valid, valid_enc = train_data.read_splits(cfg, cfg.out_dir, None, lambda msg: None)
     torch.manual_seed(0)
-    model = build_model(cfg.model, tokenizer.vocab_size, tokenizer.pad_id)
+    model = Transformer(cfg.model, tokenizer.vocab_size, tokenizer.pad_id)
     validate = Validator(model, tokenizer, cfg, torch.device("cpu"), valid, valid_enc)
     with torch.no_grad():
         for p in model.parameters():  # trained further after the validator was made

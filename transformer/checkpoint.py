@@ -26,7 +26,7 @@ from safetensors.torch import load_model, save_model
 from transformer import config_file
 from transformer.config import Config
 from transformer.errors import CheckpointError, ConfigError, DataError, WriteError
-from transformer.model.transformer import Transformer, build_model
+from transformer.model.transformer import Transformer
 from transformer.runtime.memory import check_fits
 from transformer.storage.files import atomic_dir, remove_dir
 from transformer.text.tokenizer import Tokenizer
@@ -178,7 +178,7 @@ def load(path: str | Path, device: str | torch.device = "cpu") -> Loaded:
             f"{str(recorded)[:12]}); put back the tokenizer.json saved with this checkpoint"
         )
     check_fits(cfg.model, tokenizer.vocab_size, torch.device(device), False, str(path / CONFIG))
-    model = build_model(cfg.model, tokenizer.vocab_size, tokenizer.pad_id)
+    model = Transformer(cfg.model, tokenizer.vocab_size, tokenizer.pad_id)
     try:
         missing, unexpected = load_model(model, str(path / WEIGHTS), strict=False, device=str(device))
     except (SafetensorError, OSError, RuntimeError, ValueError) as e:

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from transformer.config import ModelConfig
 from transformer.model.decoding_copy import decoding_model
-from transformer.model.transformer import Transformer, build_model
+from transformer.model.transformer import Transformer
 from transformer.runtime.precision import AUTO, autocast, by_rule
 from transformer.storage.files import atomic_file
 
@@ -90,7 +90,7 @@ def training_seconds(
     """Median seconds of a training step (forward, loss, backward) of a ``model``-shaped Transformer on one batch of
     16 x 64 tokens a side, in fp32 and in bf16."""
     torch.manual_seed(0)
-    net = build_model(model, vocab_size, pad_id=0)
+    net = Transformer(model, vocab_size, 0)
     src, tgt = torch.randint(1, vocab_size, (2, 16, 64))
     cpu = torch.device("cpu")
 

@@ -19,6 +19,7 @@ import math
 import torch
 from torch import Tensor
 
+from transformer.config import ModelConfig
 from transformer.model.transformer import MultiHeadAttention
 
 
@@ -34,7 +35,9 @@ class FoldedCrossAttention(MultiHeadAttention):
 
     def __init__(self, attention: MultiHeadAttention, source: MultiHeadAttention) -> None:
         with torch.device("meta"):  # projections that the attention's replace: no memory, no draws from the RNG
-            super().__init__(attention.h * attention.d_k, attention.h, attention.dropout)
+            super().__init__(
+                ModelConfig(d_model=attention.h * attention.d_k, h=attention.h, attention_dropout=attention.dropout)
+            )
         self.in_proj, self.out_proj = attention.in_proj, attention.out_proj
         self.train(attention.training)
         h, d_k, rows = source.h, source.d_k, source.query_rows

@@ -12,7 +12,6 @@ Shapes: B batch, S source length, T target length, V vocabulary, h heads, d_k = 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 
@@ -43,10 +42,6 @@ class PositionalEncoding(nn.Module):
         super().__init__()
         self.d_model = d_model
         self.register_buffer("table", sinusoids(0, max_positions, d_model), persistent=False)
-
-    def forward(self, x: Tensor, start: int = 0) -> Tensor:
-        """x [B, T, d_model] holds positions start..start+T-1."""
-        return x + self.at(start, x.size(1))
 
     def at(self, start: int, length: int) -> Tensor:
         """The encodings of positions start..start+length-1 [length, d_model]: the table's, or computed past it."""
@@ -83,15 +78,14 @@ class StackedLinear(nn.Linear):
 
 
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention: projections and head split/merge here, the attention itself in SDPA.
-
-    ``dropout`` drops attention probabilities while training (Tensor2Tensor's attention_dropout; the paper has none).
+    """Multi-head attention of ``h`` heads over ``d_model``: projections and head split/merge here, the attention itself
+    in SDPA. ``attention_dropout`` drops attention probabilities while training (Tensor2Tensor's; the paper has none).
     """
 
-    def __init__(self, d_model: int, h: int, dropout: float = 0.0):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.h, self.d_k = h, d_model // h
-        self.dropout = dropout
+        d_model, self.h, self.d_k = cfg.d_model, cfg.h, cfg.d_model // cfg.h
+        self.dropout = cfg.attention_dropout
         self.query_rows, self.key_value_rows = slice(0, d_model), slice(d_model, 3 * d_model)
         self.in_proj = StackedLinear(d_model, 3 * d_model)  # W^Q, W^K, W^V
         self.out_proj = nn.Linear(d_model, d_model)  # W^O
@@ -164,43 +158,33 @@ class MultiHeadAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """Position-wise feed-forward network: max(0, x W_1 + b_1) W_2 + b_2.
+    """Position-wise feed-forward network: max(0, x W_1 + b_1) W_2 + b_2, from d_model to d_ff and back.
 
-    ``dropout`` drops the ReLU's output while training (Tensor2Tensor's relu_dropout; the paper has none).
+    ``relu_dropout`` drops the ReLU's output while training (Tensor2Tensor's; the paper has none).
     """
 
-    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.w_1 = nn.Linear(d_model, d_ff)
-        self.w_2 = nn.Linear(d_ff, d_model)
-        self.dropout = Dropout(dropout)
+        self.w_1 = nn.Linear(cfg.d_model, cfg.d_ff)
+        self.w_2 = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.dropout = Dropout(cfg.relu_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.w_2(self.dropout(F.relu(self.w_1(x))))
 
 
 class Layer(nn.Module):
-    """Shared by encoder and decoder layers: residual connection, dropout and LayerNorm around a sub-layer.
+    """Shared by encoder and decoder layers: residual connection, dropout and LayerNorm around each of its
+    ``n_norms`` sub-layers. ``dropout`` is the paper's, on each sub-layer's output; post-norm as in the paper, or
+    pre-norm with ``norm_first``."""
 
-    ``dropout`` is the paper's, on each sub-layer's output; ``inner_dropout`` (attention, ReLU) acts inside them.
-    """
-
-    def __init__(
-        self,
-        d_model: int,
-        d_ff: int,
-        h: int,
-        dropout: float,
-        norm_first: bool,
-        n_norms: int,
-        inner_dropout: tuple[float, float],
-    ):
+    def __init__(self, cfg: ModelConfig, n_norms: int):
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, h, inner_dropout[0])
-        self.ff = FeedForward(d_model, d_ff, inner_dropout[1])
-        self.norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(n_norms))
-        self.dropout = Dropout(dropout)
-        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(cfg)
+        self.ff = FeedForward(cfg)
+        self.norms = nn.ModuleList(nn.LayerNorm(cfg.d_model) for _ in range(n_norms))
+        self.dropout = Dropout(cfg.dropout)
+        self.norm_first = cfg.norm_first
 
     def sublayer(self, x: Tensor, norm: nn.Module, f: Callable[[Tensor], Tensor]) -> Tensor:
         """Post-norm LayerNorm(x + Dropout(f(x))) as in the paper, or pre-norm x + Dropout(f(LayerNorm(x)))."""
@@ -212,10 +196,8 @@ class Layer(nn.Module):
 class EncoderLayer(Layer):
     """Self-attention over the source, then the feed-forward network."""
 
-    def __init__(
-        self, d_model: int, d_ff: int, h: int, dropout: float, norm_first: bool, inner_dropout: tuple[float, float]
-    ):
-        super().__init__(d_model, d_ff, h, dropout, norm_first, 2, inner_dropout)
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg, 2)
 
     def forward(self, x: Tensor, mask: Tensor | None, rows: Tensor | None) -> Tensor:
         norm_1, norm_2 = self.norms
@@ -226,11 +208,9 @@ class EncoderLayer(Layer):
 class DecoderLayer(Layer):
     """Masked self-attention, encoder-decoder attention, then the feed-forward network."""
 
-    def __init__(
-        self, d_model: int, d_ff: int, h: int, dropout: float, norm_first: bool, inner_dropout: tuple[float, float]
-    ):
-        super().__init__(d_model, d_ff, h, dropout, norm_first, 3, inner_dropout)
-        self.cross_attn = MultiHeadAttention(d_model, h, inner_dropout[0])
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg, 3)
+        self.cross_attn = MultiHeadAttention(cfg)
 
     def forward(self, y: Tensor, memory: Tensor, mask: Tensor | None, rows: Tensor | None) -> Tensor:
         """All target positions at once, causal self-attention through SDPA's is_causal (fast kernels)."""
@@ -255,12 +235,10 @@ class DecoderLayer(Layer):
 class Encoder(nn.Module):
     """N encoder layers, plus a final LayerNorm when pre-norm."""
 
-    def __init__(self, N: int, d_model: int, d_ff: int, h: int, dropout: float, norm_first: bool, inner_dropout: tuple):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.layers = nn.ModuleList(
-            EncoderLayer(d_model, d_ff, h, dropout, norm_first, inner_dropout) for _ in range(N)
-        )
-        self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.N))
+        self.norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
 
     def forward(self, x: Tensor, src_keep: Tensor) -> Tensor:
         mask, rows = safe_mask(src_keep)
@@ -272,12 +250,10 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
     """N decoder layers, plus a final LayerNorm when pre-norm."""
 
-    def __init__(self, N: int, d_model: int, d_ff: int, h: int, dropout: float, norm_first: bool, inner_dropout: tuple):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.layers = nn.ModuleList(
-            DecoderLayer(d_model, d_ff, h, dropout, norm_first, inner_dropout) for _ in range(N)
-        )
-        self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.N))
+        self.norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
 
     def forward(self, y: Tensor, memory: Tensor, src_keep: Tensor) -> Tensor:
         mask, rows = safe_mask(src_keep)
@@ -287,41 +263,26 @@ class Decoder(nn.Module):
 
 
 class Transformer(nn.Module):
-    """The encoder-decoder Transformer; defaults are the paper's base model."""
+    """The encoder-decoder Transformer that ``cfg`` describes (the paper's base model by default), over one vocabulary
+    of ``vocab_size`` tokens for both sides (two tables of it unless ``tie_embeddings``) whose ``pad_id`` is padding."""
 
-    def __init__(
-        self,
-        src_vocab_size: int,
-        tgt_vocab_size: int,
-        pad_id: int,
-        N: int = 6,
-        d_model: int = 512,
-        d_ff: int = 2048,
-        h: int = 8,
-        dropout: float = 0.1,
-        norm_first: bool = False,
-        tie_embeddings: bool = True,
-        max_positions: int = 1024,
-        attention_dropout: float = 0.0,
-        relu_dropout: float = 0.0,
-    ):
+    def __init__(self, cfg: ModelConfig, vocab_size: int, pad_id: int):
         super().__init__()
-        if d_model % h or d_model % 2:
-            raise ValueError(f"d_model ({d_model}) must be even and divisible by h ({h})")
-        if tie_embeddings and src_vocab_size != tgt_vocab_size:
-            raise ValueError(f"tie_embeddings needs one shared vocabulary, got {src_vocab_size} and {tgt_vocab_size}")
+        if cfg.d_model % cfg.h or cfg.d_model % 2:
+            raise ValueError(f"d_model ({cfg.d_model}) must be even and divisible by h ({cfg.h})")
         self.pad_id = pad_id
-        self.scale = math.sqrt(d_model)
-        self.src_embed = nn.Embedding(src_vocab_size, d_model, padding_idx=pad_id)
-        self.tgt_embed = self.src_embed if tie_embeddings else nn.Embedding(tgt_vocab_size, d_model, padding_idx=pad_id)
-        self.positions = PositionalEncoding(d_model, max_positions)
-        self.dropout = Dropout(dropout)
-        inner_dropout = (attention_dropout, relu_dropout)
-        self.encoder = Encoder(N, d_model, d_ff, h, dropout, norm_first, inner_dropout)
-        self.decoder = Decoder(N, d_model, d_ff, h, dropout, norm_first, inner_dropout)
-        self.generator = nn.Linear(d_model, tgt_vocab_size, bias=False)
+        self.scale = math.sqrt(cfg.d_model)
+        self.src_embed = nn.Embedding(vocab_size, cfg.d_model, padding_idx=pad_id)
+        self.tgt_embed = (
+            self.src_embed if cfg.tie_embeddings else nn.Embedding(vocab_size, cfg.d_model, padding_idx=pad_id)
+        )
+        self.positions = PositionalEncoding(cfg.d_model, cfg.max_positions)
+        self.dropout = Dropout(cfg.dropout)
+        self.encoder = Encoder(cfg)
+        self.decoder = Decoder(cfg)
+        self.generator = nn.Linear(cfg.d_model, vocab_size, bias=False)
         self.reset_parameters()
-        if tie_embeddings:
+        if cfg.tie_embeddings:
             self.generator.weight = self.src_embed.weight
 
     def reset_parameters(self) -> None:
@@ -337,8 +298,8 @@ class Transformer(nn.Module):
                 embed.weight[self.pad_id].zero_()
 
     def embed(self, tokens: Tensor, table: nn.Embedding, start: int = 0) -> Tensor:
-        """Token embeddings scaled by sqrt(d_model), plus positions start.., then dropout."""
-        return self.dropout(self.positions(table(tokens) * self.scale, start))
+        """Token embeddings of tokens [B, T] scaled by sqrt(d_model), plus positions start..start+T-1, then dropout."""
+        return self.dropout(table(tokens) * self.scale + self.positions.at(start, tokens.size(1)))
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """src [B, S] -> (memory [B, S, d_model], src_keep [B, 1, 1, S])."""
@@ -370,7 +331,7 @@ class Transformer(nn.Module):
         """The next position's logits [R, V] given its input tokens [R]; appends to the state's cache."""
         t = state.length
         state.reserve(t + 1)
-        y = self.dropout(self.tgt_embed(tokens) * self.scale + self.positions.at(t, 1))
+        y = self.embed(tokens[:, None], self.tgt_embed, t)[:, 0]
         for i, layer in enumerate(self.decoder.layers):
             y = layer.step(y, state.self_kv[:, i], t, state.cross[:, i], state.cross_mask[:, i])
         state.length = t + 1
@@ -393,8 +354,3 @@ class Transformer(nn.Module):
         finally:
             for m in modules:
                 m.record_weights, m.weights = False, None
-
-
-def build_model(cfg: ModelConfig, vocab_size: int, pad_id: int) -> Transformer:
-    """The Transformer that a model config describes, over one vocabulary shared by both sides."""
-    return Transformer(vocab_size, vocab_size, pad_id, **dataclasses.asdict(cfg))

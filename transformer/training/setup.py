@@ -21,7 +21,7 @@ from transformer.config import Config, TrainConfig
 from transformer.config_file import dump
 from transformer.errors import ConfigError
 from transformer.measured import measured_training
-from transformer.model.transformer import Transformer, build_model
+from transformer.model.transformer import Transformer
 from transformer.runtime.device import resolve_device
 from transformer.runtime.memory import check_fits
 from transformer.runtime.precision import PRECISIONS, training_precision
@@ -104,7 +104,7 @@ def prepare(cfg: Config, device: torch.device, resume: bool, overwrite: bool, lo
         if tokenizer is None and not distributed.is_main():
             tokenizer = Tokenizer.load(cfg.out_dir / checkpoint.TOKENIZER)
         tokenizer, train, valid, valid_enc = train_data.read_splits(cfg, cfg.out_dir, tokenizer, log)
-    model = build_model(cfg.model, tokenizer.vocab_size, tokenizer.pad_id).to(device)
+    model = Transformer(cfg.model, tokenizer.vocab_size, tokenizer.pad_id).to(device)
     ddp = distributed.wrap(model, device)
     distributed.seed_dropout(cfg.seed)
     optimizer = make_optimizer(model, cfg.train, device)
