@@ -46,6 +46,9 @@ def train(
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Delete an existing run directory of the same name first"
     ),
+    init: Optional[str] = typer.Option(
+        None, "--init", help="Start from this checkpoint's weights, tokenizer and shape (sets train.init)"
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar (for scripts)"),
     nproc: int = typer.Option(
         1, "--nproc", callback=count(_cores), help="Processes on this machine, one per GPU (DDP via torchrun)"
@@ -56,9 +59,12 @@ def train(
         from transformer.config_file import load
 
         overrides = list(set_) + ([f"data.path={data_dir}"] if data_dir else [])
+        overrides += [f"train.init={init}"] if init is not None else []
         cfg = load(config, overrides)  # a config error stops here, once, before any process starts
         if resume and overwrite:
             fail("--resume continues the run and --overwrite deletes it; give one of them")
+        if resume and init is not None:
+            fail("--resume continues the run from its own checkpoint and --init starts one from another; give one")
         check_creatable(cfg.out_dir, "run directory")
         if nproc > 1:
             from transformer.training.distributed import launch

@@ -247,3 +247,20 @@ def test_time_split_of_a_resumed_run_counts_both_parts(tmp_path, monkeypatch):
     first, second = [e for e in log if e["kind"] == "end"]
     assert (first["seconds"], first["train_s"], first["valid_s"], first["save_s"]) == (102.0, 2.0, 100.0, 0.0)
     assert (second["seconds"], second["train_s"], second["valid_s"], second["save_s"]) == (204.0, 4.0, 200.0, 0.0)
+
+
+def test_several_directions_train_together_validate_each_and_keep_the_best_of_their_mean(tmp_path):
+    """de-en and en-de in one model: each epoch's draw is logged; each validation scores both directions and best/
+    holds the step whose mean BLEU was highest."""
+    cfg = tiny_config(tmp_path, data={"directions": ["de-en", "en-de"]}, train={"max_steps": 6, "eval_every": 2})
+    messages: list[str] = []
+    run_trainer(cfg, log=messages.append)
+    log = [json.loads(line) for line in (cfg.out_dir / "log.jsonl").read_text().splitlines()]
+    epochs = [e for e in log if e["kind"] == "epoch"]
+    assert epochs and epochs[0]["drawn"] == {"de-en": 581, "en-de": 581}
+    assert "epoch 1: de-en 581 pairs, en-de 581 pairs" in messages
+    valid = [e for e in log if e["kind"] == "valid"]
+    for e in valid:
+        assert e["valid_bleu"] == pytest.approx((e["valid_bleu_de-en"] + e["valid_bleu_en-de"]) / 2)
+    best = max(valid, key=lambda e: e["valid_bleu"])
+    assert json.loads((cfg.out_dir / "best" / "meta.json").read_text())["step"] == best["step"]

@@ -17,10 +17,11 @@ def test_loss_is_that_of_the_whole_logits_and_the_model_is_left_training(tmp_pat
     over the model's own tensors, so a second validation sees the weights as they are then."""
     cfg = tiny_config(tmp_path, train={"label_smoothing": 0.1})
     cfg.out_dir.mkdir(parents=True)
-    tokenizer, _, valid, valid_enc = train_data.read_splits(cfg, cfg.out_dir, None, lambda msg: None)
+    data = train_data.read_splits(cfg, cfg.out_dir, None, lambda msg: None)
+    tokenizer, valid_enc = data.tokenizer, data.valid[0].encoded
     torch.manual_seed(0)
     model = Transformer(cfg.model, tokenizer.vocab_size, tokenizer.pad_id)
-    validate = Validator(model, tokenizer, cfg, torch.device("cpu"), valid, valid_enc)
+    validate = Validator(model, tokenizer, cfg, torch.device("cpu"), data.valid)
     with torch.no_grad():
         for p in model.parameters():  # trained further after the validator was made
             p.add_(0.01 * torch.randn_like(p))

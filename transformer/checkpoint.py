@@ -69,6 +69,8 @@ def _write_files(
     tokenizer.save(tmp / TOKENIZER)
     save_model(model, str(tmp / WEIGHTS))
     meta = {**meta, "tokenizer_fingerprint": tokenizer.fingerprint(), "torch": torch.__version__}
+    if cfg.train.init is not None:  # where the run started (tfm train --init): the weights it was given
+        meta["init"] = {"path": cfg.train.init, "fingerprint": cfg.train.init_fingerprint}
     (tmp / META).write_text(json.dumps(meta, indent=2), encoding="utf-8")
     if trainer_state is not None:
         torch.save(trainer_state, tmp / TRAINER)

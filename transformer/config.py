@@ -60,6 +60,21 @@ class DataConfig:
     split_seed: int = 1
     max_len: int = 100
     lowercase: bool = False
+    # several directions in one model, e.g. [de-en, fr-en]: each source starts with its target's tag (>>en<<);
+    # null: the one pair src_lang -> tgt_lang, untagged
+    directions: list[str] | None = None
+    temperature: float = 1.0  # each direction drawn in proportion to (its pairs) ** (1 / temperature) an epoch
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """The (source, target) languages the run trains: ``directions``, else the one pair."""
+        if self.directions is None:
+            return [(self.src_lang, self.tgt_lang)]
+        return [tuple(d.split("-", 1)) for d in self.directions]  # type: ignore[misc]
+
+    @property
+    def tagged(self) -> bool:
+        """Whether each source carries its target's tag (a model of ``directions``)."""
+        return self.directions is not None
 
 
 @dataclass
@@ -102,6 +117,8 @@ class TrainConfig:
     cuda_graphs: bool = False  # replay each batch shape's forward and backward as a CUDA graph (needs static_shapes)
     prefetch: int = 0  # updates collated ahead in a background thread (0: none)
     tensorboard: bool | None = None  # TensorBoard events beside log.jsonl (null: if tensorboard is installed)
+    init: str | None = None  # a checkpoint whose weights, tokenizer and shape the run starts from (tfm train --init)
+    init_fingerprint: str | None = None  # what tfm train recorded of init's weights (SHA-256), as the run began
 
 
 @dataclass
@@ -173,6 +190,7 @@ RANGES: dict[str, tuple[Any, str]] = {
     "model.max_positions": _span(8, 1_048_576),
     "data.max_len": _span(1, 1_048_576),
     "data.split_seed": _span(0, _SEED),
+    "data.temperature": _span(0.1, 1000, " (1: in proportion to each direction's pairs)"),
     "tokenizer.vocab_size": _span(300, 1_048_576, " (256 bytes + specials at least)"),
     "tokenizer.train_sample": _span(1, _BIG),
     "tokenizer.min_frequency": _span(1, _BIG),
@@ -357,13 +375,14 @@ def validate(cfg: Config) -> Config:
         )
     if cfg.data.src_lang == cfg.data.tgt_lang:
         raise ConfigError(f"data.src_lang and data.tgt_lang are both '{cfg.data.src_lang}'; pick two languages")
+    _check_directions(cfg.data.directions)
     if m.tie_embeddings and not cfg.tokenizer.joint:
         raise ConfigError("model.tie_embeddings needs tokenizer.joint: true; set one of them to the other's value")
-    cols = cfg.data.tsv_columns
-    if cols is not None and (len(set(cols)) != len(cols) or {cfg.data.src_lang, cfg.data.tgt_lang} - set(cols)):
+    cols, langs = cfg.data.tsv_columns, sorted({lang for pair in cfg.data.pairs() for lang in pair})
+    if cols is not None and (len(set(cols)) != len(cols) or set(langs) - set(cols)):
         raise ConfigError(
-            f"data.tsv_columns {cols} must name each column once, including data.src_lang "
-            f"'{cfg.data.src_lang}' and data.tgt_lang '{cfg.data.tgt_lang}', e.g. [en, zh]"
+            f"data.tsv_columns {cols} must name each column once, including the languages trained "
+            f"({', '.join(langs)}), e.g. [en, zh]"
         )
     if cfg.data.holdout is not None and (
         len(cfg.data.holdout) != 2 or not all(1 <= n <= _COUNT for n in cfg.data.holdout)
@@ -373,6 +392,26 @@ def validate(cfg: Config) -> Config:
     if len(cfg.train.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.train.betas):
         raise ConfigError(f"train.betas must be two numbers in [0, 1), got {cfg.train.betas}")
     return cfg
+
+
+_DIRECTION = re.compile(r"([A-Za-z][A-Za-z0-9_]{0,15})-([A-Za-z][A-Za-z0-9_]{0,15})")
+
+
+def _check_directions(directions: list[str] | None) -> None:
+    """Directions written source-target (de-en), each once, between two different languages."""
+    if directions is None:
+        return
+    if not directions:
+        raise ConfigError("data.directions is empty; name at least one, e.g. [de-en], or remove the key")
+    for d in directions:
+        match = _DIRECTION.fullmatch(d)
+        if match is None:
+            raise ConfigError(f"data.directions: {_brief(d)} is not source-target, e.g. de-en; write each so")
+        if match[1] == match[2]:
+            raise ConfigError(f"data.directions: {d} translates {match[1]} into itself; pick two languages")
+    if len(set(directions)) != len(directions):
+        twice = next(d for d in directions if directions.count(d) > 1)
+        raise ConfigError(f"data.directions names {twice} twice; name each direction once")
 
 
 def check_decode(decode: DecodeConfig, vocab_size: int | None = None) -> DecodeConfig:

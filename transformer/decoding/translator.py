@@ -31,7 +31,7 @@ from transformer.runtime.device import resolve_device
 from transformer.runtime.precision import autocast, check_precision
 from transformer.runtime.process import decoding_threads
 from transformer.text.batching import sorted_batches, source_tensor
-from transformer.text.tokenizer import Tokenizer
+from transformer.text.tokenizer import TAG, Tokenizer
 
 _SPACES = re.compile(r"\s+")
 _SURROGATES = re.compile("[\ud800-\udfff]")
@@ -111,6 +111,10 @@ class Translator:
         self.max_positions = min(m.cfg.model.max_positions for m in members) if members else cfg.model.max_positions
         self.lowercase = cfg.data.lowercase  # trained on lowercased text: input is lowercased as it was
         self.warn = lambda msg: print(f"warning: {msg}", file=sys.stderr)
+        self.targets = sorted({tgt for _, tgt in cfg.data.pairs()})
+        # the language translated into (chosen by ``to`` where the model has several) and its tag, if it has tags
+        self.target = self.targets[0] if len(self.targets) == 1 else None
+        self.tag = tokenizer.tags.get(self.target) if cfg.data.tagged and self.target else None
 
     @classmethod
     def from_checkpoint(
@@ -152,6 +156,19 @@ class Translator:
             type(self)(model, m.tokenizer, m.cfg, self.decode, self.device, self.precision, [m]) for m, model in made
         ]
 
+    def to(self, language: str | None) -> Translator:
+        """The same translator into ``language`` (None: the model's only target language); a language the model does
+        not translate into, or None for a model of several, is refused naming its targets."""
+        targets = ", ".join(self.targets)
+        if language is None and self.target is None:
+            raise ConfigError(f"the model translates into {targets}; say which with --to (e.g. --to {self.targets[0]})")
+        if language is not None and language not in self.targets:
+            raise ConfigError(f"the model does not translate into '{language}'; its target languages: {targets}")
+        other = copy.copy(self)
+        other.target = language or self.target
+        other.tag = self.tokenizer.tags[other.target] if self.cfg.data.tagged else None
+        return other
+
     def with_decode(self, decode: DecodeConfig) -> Translator:
         """The same model, tokenizer and device under other decode settings, checked where they came in (a server's
         request); the model is shared, not copied."""
@@ -160,17 +177,33 @@ class Translator:
         return other
 
     def _ids(self, lines: list[str], first_line_no: int) -> list[list[int]]:
-        """Token ids per line, truncated or refused when they and <END> exceed the model's positions."""
+        """Token ids per line after the target's tag (a multilingual model's), truncated or refused when they and
+        <END> exceed the model's positions."""
+        if self.cfg.data.tagged:
+            self._check_tags(lines, first_line_no)
         ids = self.tokenizer.encode_batch(lines) if lines else []
-        limit = self.max_positions - 1
+        tag = [] if self.tag is None else [self.tag]
+        limit = self.max_positions - 1 - len(tag)
         for i, seq in enumerate(ids):
             if len(seq) > limit:
                 where = f"line {first_line_no + i}: {len(seq)} tokens, the model has {self.max_positions} positions"
                 if self.decode.too_long == "error":
                     raise TranslateError(f"{where}; shorten it or set decode.too_long=truncate")
                 self.warn(f"{where}; truncated to {limit}")
-                ids[i] = seq[:limit]
+                seq = seq[:limit]
+            ids[i] = tag + seq if seq else seq  # an empty line stays empty: nothing to translate
         return ids
+
+    def _check_tags(self, lines: list[str], first_line_no: int) -> None:
+        """A multilingual model's input carries no tag typed by hand (tfm adds the target's), and has a target."""
+        if self.target is None:
+            raise TranslateError(f"the model translates into {', '.join(self.targets)}; say which with --to")
+        for i, line in enumerate(lines):
+            if match := TAG.match(line):
+                raise TranslateError(
+                    f"line {first_line_no + i} starts with the tag {match[0]}, which tfm adds itself; remove it from "
+                    f"the text and give --to {match[1]}"
+                )
 
     def _search(self, src: torch.Tensor, every_alpha: bool = False) -> list[list[Hypothesis]]:
         """The n-best of each sentence of src, or with ``every_alpha`` all that beam search finishes, unranked."""

@@ -94,7 +94,9 @@ class _Ids:
 class EncodedCorpus:
     """Token ids of a corpus's kept pairs in a memory-mapped Arrow table; their lengths in memory."""
 
-    def __init__(self, table: pa.Table, dropped_long: int, path: Path | None = None) -> None:
+    def __init__(
+        self, table: pa.Table, dropped_long: int, path: Path | None = None, directions: np.ndarray | None = None
+    ) -> None:
         self.table = table
         self.path = path
         self.dropped_long = dropped_long
@@ -103,6 +105,15 @@ class EncodedCorpus:
         self.src_lengths: np.ndarray = self.src.lengths
         self.tgt_lengths: np.ndarray = self.tgt.lengths
         self.rows: np.ndarray = table["row"].to_numpy()  # position of each pair in the Corpus
+        # for several directions in one (``joined``): each pair's direction, an index into the parts joined
+        self.directions = directions
+
+    @classmethod
+    def joined(cls, parts: Sequence[EncodedCorpus]) -> EncodedCorpus:
+        """The pairs of ``parts`` one after another (nothing copied), each pair labelled with its part's index."""
+        table = pa.concat_tables([p.table for p in parts])
+        directions = np.repeat(np.arange(len(parts)), [len(p) for p in parts])
+        return cls(table, sum(p.dropped_long for p in parts), None, directions)
 
     def __len__(self) -> int:
         return self.table.num_rows
@@ -151,9 +162,13 @@ def _corpus_key(corpus: Corpus) -> str:
     return h.hexdigest()
 
 
-def encode_corpus(corpus: Corpus, tokenizer: Tokenizer, max_len: int, cache_dir: str | Path) -> EncodedCorpus:
-    """Token ids of ``corpus``, computed once and cached; pairs with a side over ``max_len`` tokens dropped."""
+def encode_corpus(
+    corpus: Corpus, tokenizer: Tokenizer, max_len: int, cache_dir: str | Path, src_prefix: Sequence[int] = ()
+) -> EncodedCorpus:
+    """Token ids of ``corpus``, each source after ``src_prefix`` (a target-language tag), computed once and cached;
+    pairs with a side over ``max_len`` tokens dropped."""
     parts = [_CACHE_FORMAT, _corpus_key(corpus), tokenizer.fingerprint(), max_len]
+    parts += [list(src_prefix)] if src_prefix else []
     key = hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:24]
     path = Path(cache_dir) / f"{re.sub(r'[^A-Za-z0-9_.-]+', '-', corpus.name)}-{key}.arrow"
     meta = path.with_suffix(".json")
@@ -172,7 +187,7 @@ def encode_corpus(corpus: Corpus, tokenizer: Tokenizer, max_len: int, cache_dir:
     def batches() -> Iterator[pa.RecordBatch]:
         nonlocal dropped
         for start in range(0, len(corpus), ENCODE_CHUNK):
-            src = tokenizer.encode_batch(corpus.src[start : start + ENCODE_CHUNK])
+            src = [[*src_prefix, *ids] for ids in tokenizer.encode_batch(corpus.src[start : start + ENCODE_CHUNK])]
             tgt = tokenizer.encode_batch(corpus.tgt[start : start + ENCODE_CHUNK])
             keep = (_lengths(src) <= max_len) & (_lengths(tgt) <= max_len)
             dropped += int((~keep).sum())
@@ -211,9 +226,16 @@ def padded_sizes(data: EncodedCorpus, pad_multiple: int = 1) -> tuple[np.ndarray
 
 
 def make_batches(
-    data: EncodedCorpus, batch_tokens: int, seed: int, epoch: int, shuffle: bool = True, pad_multiple: int = 1
+    data: EncodedCorpus,
+    batch_tokens: int,
+    seed: int,
+    epoch: int,
+    shuffle: bool = True,
+    pad_multiple: int = 1,
+    pairs: np.ndarray | None = None,
 ) -> Batches:
-    """Index lists of pairs grouped by length, each with ``n x longest <= batch_tokens`` on both sides.
+    """Index lists of pairs grouped by length, each with ``n x longest <= batch_tokens`` on both sides: of every pair
+    once, or of ``pairs`` (the epoch's draw of several directions, a pair possibly more than once).
 
     The same (seed, epoch) gives the same list, so a resumed run re-makes it and skips the batches
     it has done. A pair that alone exceeds the budget is dropped, counted and logged.
@@ -221,7 +243,9 @@ def make_batches(
     src, tgt = padded_sizes(data, pad_multiple)
     size = np.maximum(src, tgt)  # n x max(S, T) <= budget  <=>  both n x S and n x T <= budget
     idx = np.flatnonzero(size <= batch_tokens).astype(np.int32)
-    dropped = len(size) - len(idx)
+    if pairs is not None:
+        idx = pairs[size[pairs] <= batch_tokens].astype(np.int32)
+    dropped = (len(size) if pairs is None else len(pairs)) - len(idx)
     if dropped:
         log.warning("%d pairs longer than batch_tokens=%d dropped from the batches", dropped, batch_tokens)
     rng = np.random.default_rng([seed, epoch])

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
-from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
 from transformer.config import TokenizerConfig
@@ -25,6 +27,7 @@ from transformer.storage.files import atomic_file
 from transformer.text.corpus import Corpus
 
 _SPACE = "▁"
+TAG = re.compile(r">>([A-Za-z][A-Za-z0-9_]*)<<")  # a target-language tag, OPUS-MT's convention
 _BYTES = [f"<0x{b:02X}>" for b in range(256)]
 _SAMPLE_SEED = 0
 
@@ -45,6 +48,9 @@ class Tokenizer:
         self.pad_id, self.start_id, self.end_id, self.unk_id = ids
         self.vocab_size: int = hf.get_vocab_size()
         self._byte_ids = np.array([hf.token_to_id(b) for b in _BYTES])
+        added = hf.get_added_tokens_decoder().items()
+        # the target-language tags, language -> id: special tokens after the vocabulary, never read from text
+        self.tags = {m[1]: i for i, token in added if (m := TAG.fullmatch(token.content)) and token.special}
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> Tokenizer:
@@ -76,6 +82,16 @@ class Tokenizer:
                 f"tokenizer file '{p}' is corrupt ({str(e).splitlines()[0]}); restore or retrain it"
             ) from None
         return cls(hf)
+
+    def with_tags(self, languages: Iterable[str]) -> Tokenizer:
+        """This tokenizer with a target-language tag (``>>xx<<``) for each of ``languages`` it lacks, each a special
+        token appended to the vocabulary (the ids it had are kept)."""
+        new = sorted(set(languages) - set(self.tags))
+        if not new:
+            return self
+        hf = HFTokenizer.from_str(self.to_str())
+        hf.add_special_tokens([AddedToken(tag(lang), special=True, normalized=False) for lang in new])
+        return Tokenizer(hf)
 
     def save(self, path: str | Path) -> None:
         """Write ``tokenizer.json`` atomically (``transformer.storage.files``)."""
@@ -125,6 +141,11 @@ class Tokenizer:
         return unknown / total if total else 0.0
 
 
+def tag(language: str) -> str:
+    """The tag that asks a multilingual model for ``language``: ``>>fr<<``."""
+    return f">>{language}<<"
+
+
 def _pipeline(model: models.Model) -> HFTokenizer:
     """A tokenizer around ``model`` with the normaliser, pre-tokenizer and decoder described above."""
     hf = HFTokenizer(model)
@@ -166,21 +187,42 @@ def _chunks(texts: Iterable[str], size: int) -> Iterator[list[str]]:
         yield chunk
 
 
-def _sample(corpus: Corpus, n: int) -> Iterator[str]:
-    """Source and target of ``n`` pairs drawn without replacement (seeded), or of every pair if fewer."""
+def _sample(corpus: Corpus, n: int, sides: tuple[str, ...] = ("src", "tgt")) -> Iterator[str]:
+    """``sides`` of ``n`` pairs drawn without replacement (seeded), or of every pair if fewer."""
     if n >= len(corpus):
         rows: Iterable[int] = range(len(corpus))
     else:
         rows = np.sort(np.random.default_rng(_SAMPLE_SEED).choice(len(corpus), size=n, replace=False)).tolist()
+    columns = [getattr(corpus, side) for side in sides]
     for i in rows:
-        yield corpus.src[i]
-        yield corpus.tgt[i]
+        for column in columns:
+            yield column[i]
 
 
 def train_tokenizer(cfg: TokenizerConfig, corpus: Corpus) -> Tokenizer:
     """Train the joint tokenizer on both sides of ``cfg.train_sample`` pairs of ``corpus``."""
+    _check_joint(cfg)
+    return Tokenizer.train(_sample(corpus, cfg.train_sample), cfg.vocab_size, cfg.min_frequency)
+
+
+def train_multilingual(cfg: TokenizerConfig, corpora: dict[tuple[str, str], Corpus]) -> Tokenizer:
+    """One tokenizer over every language of ``corpora`` (keyed by source and target language), each language's
+    text read once (``cfg.train_sample`` sentences of it, from the first corpus holding it), with the tags of every
+    target language."""
+    _check_joint(cfg)
+    seen: set[str] = set()
+    texts: list[Iterator[str]] = []
+    for (src, tgt), corpus in corpora.items():
+        sides = tuple(side for side, lang in (("src", src), ("tgt", tgt)) if lang not in seen)
+        seen |= {src, tgt}
+        if sides:
+            texts.append(_sample(corpus, cfg.train_sample, sides))
+    tokenizer = Tokenizer.train(chain.from_iterable(texts), cfg.vocab_size, cfg.min_frequency)
+    return tokenizer.with_tags(tgt for _, tgt in corpora)
+
+
+def _check_joint(cfg: TokenizerConfig) -> None:
     if not cfg.joint:
         raise ConfigError(
             "tokenizer.joint: false (separate vocabularies) is not supported yet; set tokenizer.joint: true"
         )
-    return Tokenizer.train(_sample(corpus, cfg.train_sample), cfg.vocab_size, cfg.min_frequency)

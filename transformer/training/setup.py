@@ -25,17 +25,18 @@ from transformer.model.transformer import Transformer
 from transformer.runtime.device import resolve_device
 from transformer.runtime.memory import check_fits
 from transformer.runtime.precision import PRECISIONS, training_precision
-from transformer.text.batching import EncodedCorpus
-from transformer.text.corpus import Corpus
 from transformer.text.tokenizer import Tokenizer
-from transformer.training import distributed, run_dir, train_data, train_state
+from transformer.training import distributed, init, run_dir, train_data, train_state
 from transformer.training.schedule import make_optimizer
+from transformer.training.train_data import TrainingData
 from transformer.training.train_state import TrainState
 from transformer.training.update import Updater
 
 
-def placed(cfg: Config, log: Callable[[str], None]) -> tuple[Config, torch.device]:
-    """``cfg`` with its precision resolved, and the device it trains on; refuses what cannot run there."""
+def placed(cfg: Config, resume: bool, log: Callable[[str], None]) -> tuple[Config, torch.device]:
+    """``cfg`` with its precision and the model it starts from (``train.init``, unless resuming) resolved, and the
+    device it trains on; refuses what cannot run there."""
+    cfg = cfg if resume else init.resolve(cfg, log)
     device = distributed.local_device(resolve_device(cfg.device))
     check_fits(cfg.model, cfg.tokenizer.vocab_size, device, True, "the config's model")
     # a CPU without AMX is measured, by one process only (ranks under torchrun keep fp32 rather than each choose)
@@ -76,14 +77,16 @@ class Run:
 
     cfg: Config
     device: torch.device
-    tokenizer: Tokenizer
-    train: EncodedCorpus
-    valid: Corpus
-    valid_enc: EncodedCorpus
+    data: TrainingData
     model: Transformer
     update: Updater
     state: TrainState
     config_yaml: str
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The run's tokenizer."""
+        return self.data.tokenizer
 
     @property
     def out_dir(self) -> Path:
@@ -95,16 +98,22 @@ def prepare(cfg: Config, device: torch.device, resume: bool, overwrite: bool, lo
     """Everything the run needs, in order; rank 0 prepares the run directory and the tokenizer, the others follow."""
     resume_from = run_dir.prepare(cfg.out_dir, resume, overwrite, log) if distributed.is_main() else None
     resume_from = distributed.from_main(resume_from)  # every rank resumes from rank 0's choice
-    tokenizer = None
+    tokenizer, parent = None, None
     if resume_from is not None:
         run_dir.check_compatible(cfg, resume_from)
+        cfg = init.carried(cfg, checkpoint.read_config(resume_from))
         tokenizer = Tokenizer.load(resume_from / checkpoint.TOKENIZER)
+    elif cfg.train.init is not None:
+        parent = init.parent(cfg, device, log)
+        tokenizer = init.tokenizer(parent, cfg, distributed.is_main())
     torch.manual_seed(cfg.seed)
     with distributed.main_first():  # rank 0 trains and saves the tokenizer; the others read it
         if tokenizer is None and not distributed.is_main():
             tokenizer = Tokenizer.load(cfg.out_dir / checkpoint.TOKENIZER)
-        tokenizer, train, valid, valid_enc = train_data.read_splits(cfg, cfg.out_dir, tokenizer, log)
-    model = Transformer(cfg.model, tokenizer.vocab_size, tokenizer.pad_id).to(device)
+        data = train_data.read_splits(cfg, cfg.out_dir, tokenizer, log)
+    model = Transformer(cfg.model, data.tokenizer.vocab_size, data.tokenizer.pad_id).to(device)
+    if parent is not None:
+        init.load_weights(model, parent)
     ddp = distributed.wrap(model, device)
     distributed.seed_dropout(cfg.seed)
     optimizer = make_optimizer(model, cfg.train, device)
@@ -114,7 +123,7 @@ def prepare(cfg: Config, device: torch.device, resume: bool, overwrite: bool, lo
     if distributed.is_main():
         run_dir.write_file(cfg.out_dir, checkpoint.CONFIG, config_yaml)
     state = TrainState() if resume_from is None else _restored(resume_from, cfg, device, model, update, log)
-    return Run(cfg, device, tokenizer, train, valid, valid_enc, model, update, state, config_yaml)
+    return Run(cfg, device, data, model, update, state, config_yaml)
 
 
 def _restored(

@@ -23,6 +23,7 @@ from typing import Callable
 from transformer import checkpoint
 from transformer.config import Config
 from transformer.text.batching import make_batches
+from transformer.text.directions import counts, drawn
 from transformer.training import distributed, run_dir, setup, tensorboard_log, train_state
 from transformer.training.bookkeeping import Books
 from transformer.training.meter import process_started
@@ -62,7 +63,7 @@ class Trainer:
         self.options = resume, overwrite, quiet or not main
         self.log = (log or (lambda msg: print(msg, file=sys.stderr))) if main else (lambda msg: None)
         self.tensorboard = tensorboard_log.wanted(cfg.train.tensorboard)
-        self.cfg, self.device = setup.placed(cfg, self.log)
+        self.cfg, self.device = setup.placed(cfg, resume, self.log)
 
     def run(self) -> Result:
         """Train until max_steps, max_epochs, max_minutes, early stopping or a signal; always leave a checkpoint.
@@ -107,9 +108,7 @@ class Loop:
     def __init__(self, run: setup.Run, books: Books, signals: StopSignals, log: Callable[[str], None]) -> None:
         self.run, self.state, self.books, self.signals, self.log = run, run.state, books, signals, log
         self.validate = (
-            Validator(run.model, run.tokenizer, run.cfg, run.device, run.valid, run.valid_enc)
-            if distributed.is_main()
-            else None
+            Validator(run.model, run.tokenizer, run.cfg, run.device, run.data.valid) if distributed.is_main() else None
         )
 
     def train(self) -> Result:
@@ -155,18 +154,24 @@ class Loop:
     def _updates(self) -> Iterator[tuple[int, UpdateBatches]]:
         """The rest of the current epoch's updates, collated (ahead, with ``train.prefetch``), each with the
         position in the epoch after it."""
-        cfg, t = self.run.cfg, self.run.cfg.train
-        batches = make_batches(
-            self.run.train, t.batch_tokens, cfg.seed, self.state.epoch, shuffle=True, pad_multiple=t.pad_multiple
-        )
+        cfg, t, data, epoch = self.run.cfg, self.run.cfg.train, self.run.data.train, self.state.epoch
+        pairs = None if data.directions is None else drawn(data.directions, cfg.data.temperature, cfg.seed, epoch)
+        if data.directions is not None and self.state.batch_in_epoch == 0:
+            self._log_draw(counts(data.directions, pairs, self.run.data.names))
+        batches = make_batches(data, t.batch_tokens, cfg.seed, epoch, True, t.pad_multiple, pairs)
         size = t.accumulate * distributed.world_size()  # the update's batches, all ranks'
         pin = self.run.device.type == "cuda"
 
         def collated(i: int) -> tuple[int, UpdateBatches]:
-            work = collate_update(batches[i : i + size], self.run.train, self.run.tokenizer, cfg, pin)
+            work = collate_update(batches[i : i + size], data, self.run.tokenizer, cfg, pin)
             return min(i + size, len(batches)), work
 
         yield from ahead(collated, range(self.state.batch_in_epoch, len(batches), size), t.prefetch)
+
+    def _log_draw(self, drawn: dict[str, int]) -> None:
+        """What an epoch of several directions draws of each, in the run's log and on the console."""
+        self.books.run_log.record({"step": self.state.step, "kind": "epoch", "epoch": self.state.epoch, "drawn": drawn})
+        self.log(f"epoch {self.state.epoch + 1}: " + ", ".join(f"{name} {n:,} pairs" for name, n in drawn.items()))
 
     def _limit_reached(self) -> str | None:
         """A signal, max_steps or max_minutes, whichever came first, agreed by every rank; it outranks early stopping.
