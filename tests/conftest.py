@@ -99,6 +99,14 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Result:
 
 
 @pytest.fixture(scope="session")
+def tiny_tagged_run(tmp_path_factory: pytest.TempPathFactory) -> Result:
+    """A finished run of tiny.tiny_config in both directions of the sample corpus, de-en and en-de: one model, each
+    source tagged with its target (>>en<<, >>de<<). Read only."""
+    cfg = tiny_config(tmp_path_factory.mktemp("tagged-run"), data={"directions": ["de-en", "en-de"]})
+    return run_trainer(cfg)
+
+
+@pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An untrained checkpoint of tiny.tiny_config's model with a tokenizer from data/sample: nonsense
     translations of 5 tokens at most. Read only."""

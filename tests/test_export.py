@@ -136,3 +136,22 @@ def test_a_full_disk_is_one_line_and_leaves_no_partial_export(saved, small_disk,
     assert r.exit_code == 2 and "Traceback" not in r.output, r.output
     assert f"cannot write {small_disk / 'out'}: no space left on the device" in r.stderr
     assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
+
+
+def test_a_multilingual_export_translates_with_the_tag_among_its_tokens(tiny_tagged_run, tmp_path):
+    """CTranslate2 is given tokens: a tagged model's source tokens start with the tag, as tfm's do."""
+    loaded = checkpoint.load(tiny_tagged_run.run_dir / "best")
+    out = export(loaded.path, tmp_path / "ct2")
+    tok = loaded.tokenizer
+    translator = ctranslate2.Translator(str(out), device="cpu")
+    for target, line in (("de", "A man rides a bike."), ("en", "Ein Mann fährt Fahrrad.")):
+        ids = [tok.tags[target], *tok.encode(line)]
+        assert _tokens(tok, ids)[0] == f">>{target}<<"
+        src = torch.tensor([ids + [tok.end_id]])
+        ours = greedy_search(loaded.model, src, tok.start_id, tok.end_id, max_len_b=10)[0].tokens
+        never = [[tok.START], [tok.PAD]]  # tfm's search never generates them
+        limit = len(ids) + 1 + 10
+        theirs = translator.translate_batch(
+            [_tokens(tok, ids)], beam_size=1, max_decoding_length=limit, suppress_sequences=never
+        )
+        assert _tokens(tok, ours) == theirs[0].hypotheses[0]

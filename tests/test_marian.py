@@ -162,3 +162,20 @@ def test_tfm_export_hf_command(tiny_run, tmp_path):
     assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json", "README.md"} <= {
         p.name for p in (tmp_path / "hf").iterdir()
     }
+
+
+def test_a_multilingual_export_reads_the_target_tag_from_the_text(tiny_tagged_run, tmp_path):
+    """As OPUS-MT's models: ">>de<< text" encodes to the tag's id and the text's, and the model translates it as tfm
+    does with --to de (greedy)."""
+    loaded = checkpoint.load(tiny_tagged_run.run_dir / "best")
+    out = export(loaded.path, tmp_path / "hf", fmt="hf")
+    tokenizer, marian = _reload(out)
+    tok = loaded.tokenizer
+    for target, line in (("de", "A man rides a bike."), ("en", "Ein Mann fährt Fahrrad.")):
+        ids = tokenizer(f">>{target}<< {line}").input_ids
+        assert ids == [tok.tags[target], *tok.encode(line), tok.end_id]
+        ours = greedy_search(loaded.model, torch.tensor([ids]), tok.start_id, tok.end_id, max_len_b=8)[0].tokens
+        with torch.no_grad():
+            theirs = marian.generate(torch.tensor([ids]), num_beams=1, max_new_tokens=len(ids) + 8)[0, 1:].tolist()
+        if len(ours) < len(ids) + 8:
+            assert theirs[: len(ours) + 1] == ours + [tok.end_id], line

@@ -47,3 +47,15 @@ def test_card_of_a_model_trained_on_lowercased_text_says_to_lowercase_the_input(
     assert "lowercase each sentence" not in model_card(loaded)
     lowercased = dataclasses.replace(loaded.cfg, data=dataclasses.replace(loaded.cfg.data, lowercase=True))
     assert "lowercase each sentence before the tokenizer" in model_card(dataclasses.replace(loaded, cfg=lowercased))
+
+
+def test_a_multilingual_model_s_card_says_how_to_ask_for_a_language_and_where_it_started(tiny_tagged_run, tmp_path):
+    loaded = checkpoint.load(tiny_tagged_run.run_dir / "best")
+    card = model_card(loaded)
+    assert "language: [de, en]" in card and "# tiny: de-en, en-de" in card
+    assert "`>>de<<`, `>>en<<`" in card and '">>en<< your sentence"' in card
+    started = dataclasses.replace(loaded.cfg, train=dataclasses.replace(loaded.cfg.train, init="runs/x/best"))
+    started.train.init_fingerprint = "ab" * 32
+    assert f"started from `runs/x/best` (weights SHA-256 `{'ab' * 32}`)" in model_card(
+        dataclasses.replace(loaded, cfg=started)
+    )

@@ -21,7 +21,7 @@ from transformer.checkpoint import Loaded
 from transformer.config import Config, ModelConfig
 from transformer.errors import ExportError
 from transformer.export.model_card import model_card
-from transformer.text.tokenizer import Tokenizer
+from transformer.text.tokenizer import TAG, Tokenizer
 
 
 def residual_order(d_model: int) -> Tensor:
@@ -146,12 +146,18 @@ def generation_defaults(cfg: Config, tok: Tokenizer) -> dict:
 
 
 def fast_tokenizer(tok: Tokenizer):  # -> transformers.PreTrainedTokenizerFast
-    """tfm's own tokenizer.json with <END> appended to every encoded text, as tfm feeds its source."""
+    """tfm's own tokenizer.json with <END> appended to every encoded text, as tfm feeds its source. A multilingual
+    model's target tags (``>>fr<<``) are read from the text, as OPUS-MT's models read them: tfm adds the tag itself
+    and reads none from text, so in the export they are tokens matched in text rather than special ones."""
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers.processors import TemplateProcessing
     from transformers import PreTrainedTokenizerFast
 
-    hf = HFTokenizer.from_str(tok.to_str())
+    spec = json.loads(tok.to_str())
+    for added in spec.get("added_tokens", []):
+        if TAG.fullmatch(added["content"]):
+            added["special"] = False
+    hf = HFTokenizer.from_str(json.dumps(spec, ensure_ascii=False))
     hf.post_processor = TemplateProcessing(
         single=f"$A {tok.END}", pair=f"$A {tok.END} $B:1 {tok.END}:1", special_tokens=[(tok.END, tok.end_id)]
     )

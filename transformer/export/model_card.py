@@ -57,20 +57,41 @@ def _lowercase_lines(lowercase: bool) -> list[str]:
     ]
 
 
+def _directions_lines(loaded: Loaded) -> list[str]:
+    """How to ask a multilingual model for a target language, and where a model started from (``train.init``)."""
+    cfg, lines = loaded.cfg, []
+    if cfg.data.tagged:
+        tags = ", ".join(f"`>>{t}<<`" for t in sorted(loaded.tokenizer.tags))
+        lines += [
+            f"It translates {', '.join(cfg.data.directions or [])} in one model. Start each sentence with the tag of "
+            f"the language to translate into ({tags}), as OPUS-MT's multilingual models are used: "
+            f'`tokenizer([">>{cfg.data.pairs()[0][1]}<< your sentence"], ...)`.',
+            "",
+        ]
+    if cfg.train.init is not None:
+        lines += [
+            f"Its training started from `{cfg.train.init}` (weights SHA-256 `{cfg.train.init_fingerprint}`).",
+            "",
+        ]
+    return lines
+
+
 def model_card(loaded: Loaded) -> str:
     """Markdown with Hub metadata, usage for transformers 4 and 5, the scores and the training config."""
     cfg, m = loaded.cfg, loaded.cfg.model
-    src, tgt = cfg.data.src_lang, cfg.data.tgt_lang
+    d = cfg.data
+    languages = sorted({lang for pair in d.pairs() for lang in pair}) if d.tagged else [d.src_lang, d.tgt_lang]
+    title = ", ".join(d.directions or []) if d.tagged else f"{d.src_lang} -> {d.tgt_lang}"
     config_yaml = (loaded.path / "config.yaml").read_text(encoding="utf-8").rstrip()
     lines = [
         "---",
         "library_name: transformers",
         "pipeline_tag: translation",
-        f"language: [{src}, {tgt}]",
+        f"language: [{', '.join(languages)}]",
         "tags: [translation, marian, tfm]",
         "---",
         "",
-        f"# {cfg.name}: {src} -> {tgt}",
+        f"# {cfg.name}: {title}",
         "",
         f"The Transformer of *Attention Is All You Need* (N={m.N}, d_model={m.d_model}, d_ff={m.d_ff}, h={m.h}), "
         f"trained from scratch with tfm on `{cfg.data.path}` ({cfg.data.format}) for "
@@ -78,6 +99,7 @@ def model_card(loaded: Loaded) -> str:
         "It computes tfm's own network: the residual stream's dimensions are reordered so that Marian's "
         "sinusoids equal tfm's.",
         "",
+        *_directions_lines(loaded),
         "## Use",
         "",
         "```python",
