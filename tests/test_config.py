@@ -294,3 +294,23 @@ def test_a_value_shown_in_an_error_is_cut_short(tmp_path):
     assert len(str(e.value)) < 300
     with pytest.raises(ConfigError, match="an alias refers to itself"):
         config_file.from_dict({}, ["seed=&a [*a]"])
+
+
+@pytest.mark.parametrize(
+    "directions, pattern",
+    [
+        ("[]", "data.directions is empty"),
+        ("[de_en]", "data.directions: 'de_en' is not source-target"),
+        ("[de-en, en-en]", "data.directions: en-en translates en into itself"),
+        ("[de-en, fr-en, de-en]", "data.directions names de-en twice"),
+    ],
+)
+def test_directions_are_source_target_each_once(directions, pattern):
+    with pytest.raises(ConfigError, match=re.escape(pattern)):
+        config_file.from_dict({}, [f"data.directions={directions}"])
+
+
+def test_directions_name_the_pairs_a_run_trains():
+    cfg = config_file.from_dict({}, ["data.directions=[de-en, fr-en]"])
+    assert cfg.data.pairs() == [("de", "en"), ("fr", "en")] and cfg.data.tagged
+    assert config.Config().data.pairs() == [("de", "en")] and not config.Config().data.tagged

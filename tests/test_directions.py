@@ -3,12 +3,15 @@ and what an epoch drew counted."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from transformer.config import DataConfig
+from transformer.errors import DataError
+from transformer.text.corpus import load_split
 from transformer.text.directions import counts, direction_data, drawn
 
 
@@ -53,3 +56,27 @@ def test_each_direction_is_read_with_its_languages_and_a_text_folder_of_its_pair
 @pytest.mark.parametrize("temperature", [1.0, 2.0])
 def test_one_direction_is_never_resampled(temperature):
     assert drawn(np.zeros(10, dtype=np.int64), temperature, seed=1, epoch=0) is None
+
+
+def test_a_tsv_with_a_column_per_language_and_jsonl_with_a_key_per_language_serve_every_direction(tmp_path: Path):
+    rows = [("Ein Hund.", "A dog.", "Un chien."), ("Zwei Katzen.", "Two cats.", "Deux chats.")]
+    (tmp_path / "train.tsv").write_text("de\ten\tfr\n" + "".join("\t".join(r) + "\n" for r in rows), encoding="utf-8")
+    lines = [json.dumps({"de": de, "en": en, "fr": fr}) for de, en, fr in rows]
+    (tmp_path / "train.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    for fmt in ("tsv", "jsonl"):
+        cfg = DataConfig(format=fmt, path=str(tmp_path), directions=["de-en", "fr-en", "en-fr"])
+        read = {d: load_split(direction_data(cfg, *d.split("-")), "train") for d in cfg.directions}
+        assert list(read["de-en"].src) == ["Ein Hund.", "Zwei Katzen."] and list(read["de-en"].tgt) == [
+            "A dog.",
+            "Two cats.",
+        ]
+        assert list(read["fr-en"].src) == ["Un chien.", "Deux chats."]
+        assert list(read["en-fr"].tgt) == ["Un chien.", "Deux chats."]
+
+
+def test_a_language_that_no_file_holds_is_one_line_naming_it(tmp_path: Path):
+    (tmp_path / "train.de").write_text("Ein Hund.\n", encoding="utf-8")
+    (tmp_path / "train.en").write_text("A dog.\n", encoding="utf-8")
+    cfg = DataConfig(format="text", path=str(tmp_path), directions=["de-en", "it-en"])
+    with pytest.raises(DataError, match=r"missing train.it\[.gz\] in "):
+        load_split(direction_data(cfg, "it", "en"), "train")
