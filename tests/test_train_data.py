@@ -35,7 +35,7 @@ def test_one_pair_reads_as_it_always_did_untagged(tmp_path: Path) -> None:
     cfg = tiny_config(tmp_path)
     cfg.out_dir.mkdir(parents=True)
     data = read_splits(cfg, cfg.out_dir, None, lambda msg: None)
-    assert data.tokenizer.tags == {} and data.names == ["de-en"] and data.train.directions is None
+    assert data.tokenizer.tags == {} and data.parts == ["de-en"] and data.train.directions is None
     corpus = data.valid[0].corpus
     src, _ = data.valid[0].encoded.pair(0)
     assert src == data.tokenizer.encode(corpus.src[int(data.valid[0].encoded.rows[0])])
@@ -49,7 +49,7 @@ def test_several_directions_share_one_tokenizer_and_tag_each_source(tmp_path: Pa
     said: list[str] = []
     data = read_splits(cfg, cfg.out_dir, None, said.append)
     tok = data.tokenizer
-    assert set(tok.tags) == {"de", "en"} and data.names == ["de-en", "en-de"]
+    assert set(tok.tags) == {"de", "en"} and data.parts == ["de-en", "en-de"]
     assert any(m.startswith("data: de-en: ") for m in said) and any(m.startswith("data: en-de: ") for m in said)
     assert sorted(np.bincount(data.train.directions).tolist()) == [len(data.train) // 2] * 2
     for i in (0, len(data.train) - 1):
@@ -58,3 +58,24 @@ def test_several_directions_share_one_tokenizer_and_tag_each_source(tmp_path: Pa
         assert src[0] == tok.tags[target] and tok.tags[target] not in src[1:]
     de_en, en_de = data.valid
     assert de_en.corpus.src[0] == en_de.corpus.tgt[0]  # the same sample pairs, each way
+
+
+def test_synthetic_pairs_train_beside_the_real_ones_their_sources_tagged(tmp_path: Path) -> None:
+    """data.synthetic: a folder of back-translated pairs joins the training split (not valid), each source after
+    <BT>; the tokenizer gains <BT>; untagged with data.synthetic_tag: false."""
+    bt = tmp_path / "bt"
+    bt.mkdir()
+    (bt / "train.de").write_text("Ein Hund läuft.\nZwei Katzen.\n", encoding="utf-8")
+    (bt / "train.en").write_text("A dog runs.\nTwo cats.\n", encoding="utf-8")
+    for tagged in (True, False):
+        cfg = tiny_config(tmp_path / str(tagged), data={"synthetic": str(bt), "synthetic_tag": tagged})
+        cfg.out_dir.mkdir(parents=True)
+        said: list[str] = []
+        data = read_splits(cfg, cfg.out_dir, None, said.append)
+        assert data.parts == ["de-en", "de-en synthetic"] and np.bincount(data.train.directions)[1] == 2
+        assert any("2 synthetic pairs from" in m for m in said)
+        src, tgt = data.train.pair(len(data.train) - 1)
+        tok = data.tokenizer
+        want = ([tok.bt_id] if tagged else []) + tok.encode("Zwei Katzen.")
+        assert (src, tgt) == (want, tok.encode("Two cats.")) and (tok.bt_id is not None) == tagged
+        assert len(data.valid) == 1 and len(data.valid[0].corpus) == 80

@@ -264,3 +264,14 @@ def test_several_directions_train_together_validate_each_and_keep_the_best_of_th
         assert e["valid_bleu"] == pytest.approx((e["valid_bleu_de-en"] + e["valid_bleu_en-de"]) / 2)
     best = max(valid, key=lambda e: e["valid_bleu"])
     assert json.loads((cfg.out_dir / "best" / "meta.json").read_text())["step"] == best["step"]
+
+
+def test_synthetic_pairs_are_drawn_with_the_real_ones_and_the_draw_is_logged(tmp_path):
+    bt = tmp_path / "bt"
+    bt.mkdir()
+    (bt / "train.de").write_text("Ein Hund läuft.\nZwei Katzen.\n", encoding="utf-8")
+    (bt / "train.en").write_text("A dog runs.\nTwo cats.\n", encoding="utf-8")
+    cfg = tiny_config(tmp_path, data={"synthetic": str(bt)}, train={"max_steps": 2})
+    messages: list[str] = []
+    assert run_trainer(cfg, log=messages.append).state.step == 2
+    assert "epoch 1: de-en 581 pairs, de-en synthetic 2 pairs" in messages

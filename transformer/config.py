@@ -64,6 +64,10 @@ class DataConfig:
     # null: the one pair src_lang -> tgt_lang, untagged
     directions: list[str] | None = None
     temperature: float = 1.0  # each direction drawn in proportion to (its pairs) ** (1 / temperature) an epoch
+    # a folder of synthetic pairs ({train_split}.{src_lang}, .{tgt_lang}; back-translations) trained on beside the
+    # real ones, their sources tagged <BT> unless synthetic_tag is false
+    synthetic: str | None = None
+    synthetic_tag: bool = True
 
     def pairs(self) -> list[tuple[str, str]]:
         """The (source, target) languages the run trains: ``directions``, else the one pair."""
@@ -376,6 +380,10 @@ def validate(cfg: Config) -> Config:
     if cfg.data.src_lang == cfg.data.tgt_lang:
         raise ConfigError(f"data.src_lang and data.tgt_lang are both '{cfg.data.src_lang}'; pick two languages")
     _check_directions(cfg.data.directions)
+    if cfg.data.synthetic is not None and cfg.data.tagged:
+        raise ConfigError(
+            "data.synthetic adds pairs to one language pair and data.directions names several; use one of them"
+        )
     if m.tie_embeddings and not cfg.tokenizer.joint:
         raise ConfigError("model.tie_embeddings needs tokenizer.joint: true; set one of them to the other's value")
     cols, langs = cfg.data.tsv_columns, sorted({lang for pair in cfg.data.pairs() for lang in pair})

@@ -37,6 +37,7 @@ class Tokenizer:
 
     PAD, START, END, UNK = "<PAD>", "<START>", "<END>", "<UNK>"
     SPECIALS = (PAD, START, END, UNK)
+    BT = "<BT>"  # starts a synthetic (back-translated) source, when a run tags them (data.synthetic_tag)
     PAD_ID, START_ID, END_ID, UNK_ID = 0, 1, 2, 3
 
     def __init__(self, hf: HFTokenizer) -> None:
@@ -51,6 +52,7 @@ class Tokenizer:
         added = hf.get_added_tokens_decoder().items()
         # the target-language tags, language -> id: special tokens after the vocabulary, never read from text
         self.tags = {m[1]: i for i, token in added if (m := TAG.fullmatch(token.content)) and token.special}
+        self.bt_id: int | None = hf.token_to_id(self.BT)
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> Tokenizer:
@@ -84,13 +86,17 @@ class Tokenizer:
         return cls(hf)
 
     def with_tags(self, languages: Iterable[str]) -> Tokenizer:
-        """This tokenizer with a target-language tag (``>>xx<<``) for each of ``languages`` it lacks, each a special
-        token appended to the vocabulary (the ids it had are kept)."""
-        new = sorted(set(languages) - set(self.tags))
+        """This tokenizer with a target-language tag (``>>xx<<``) for each of ``languages`` it lacks."""
+        return self.with_specials(tag(lang) for lang in sorted(set(languages) - set(self.tags)))
+
+    def with_specials(self, tokens: Iterable[str]) -> Tokenizer:
+        """This tokenizer with each of ``tokens`` it lacks as a special token appended to the vocabulary (the ids it
+        had are kept); special tokens are never read from text and never decoded."""
+        new = [t for t in dict.fromkeys(tokens) if self._hf.token_to_id(t) is None]
         if not new:
             return self
         hf = HFTokenizer.from_str(self.to_str())
-        hf.add_special_tokens([AddedToken(tag(lang), special=True, normalized=False) for lang in new])
+        hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in new])
         return Tokenizer(hf)
 
     def save(self, path: str | Path) -> None:

@@ -93,6 +93,7 @@ def tokenizer(loaded: checkpoint.Loaded, cfg: Config, main: bool) -> Tokenizer:
     """The checkpoint's tokenizer with a tag for every target language of a tagged run, saved in the run directory
     (by the main process)."""
     tok = loaded.tokenizer.with_tags(t for _, t in cfg.data.pairs()) if cfg.data.tagged else loaded.tokenizer
+    tok = tok.with_specials([Tokenizer.BT] if cfg.data.synthetic is not None and cfg.data.synthetic_tag else [])
     if main:
         tok.save(cfg.out_dir / checkpoint.TOKENIZER)
         manifest.record(cfg.out_dir, checkpoint.TOKENIZER)

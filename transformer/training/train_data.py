@@ -10,7 +10,7 @@ one by one (transformer.text.directions), each source tagged with its target lan
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -46,17 +46,14 @@ class Split:
 
 @dataclass
 class TrainingData:
-    """What a run trains and validates on: the tokenizer, every direction's training pairs as token ids (joined,
-    each labelled with its direction, for several) and each direction's valid split."""
+    """What a run trains and validates on: the tokenizer, the training pairs as token ids (for several directions,
+    or synthetic pairs beside real ones, the parts joined, each pair labelled with its part, named in ``parts``) and
+    each direction's valid split."""
 
     tokenizer: Tokenizer
     train: EncodedCorpus
     valid: list[Split]
-
-    @property
-    def names(self) -> list[str]:
-        """The directions trained, in the config's order."""
-        return [s.name for s in self.valid]
+    parts: list[str]
 
 
 def read_splits(cfg: Config, run_dir: Path, tokenizer: Tokenizer | None, log: Callable[[str], None]) -> TrainingData:
@@ -72,10 +69,12 @@ def read_splits(cfg: Config, run_dir: Path, tokenizer: Tokenizer | None, log: Ca
         log(f"data: {named}{len(train):,} training pairs ({train.dropped_empty} empty dropped), {len(valid):,} valid")
         if train.split_record is not None and distributed.is_main():  # data.holdout: which pairs were held out
             write_file(run_dir, "split.json", json.dumps(train.split_record, indent=2) + "\n")
+    synthetic = _synthetic(cfg, log)
     if tokenizer is None:
         tokenizer = (
             train_multilingual(cfg.tokenizer, trains) if d.tagged else train_tokenizer(cfg.tokenizer, trains[pairs[0]])
         )
+        tokenizer = tokenizer.with_specials([Tokenizer.BT] if synthetic is not None and d.synthetic_tag else [])
         tokenizer.save(run_dir / checkpoint.TOKENIZER)
         manifest.record(run_dir, checkpoint.TOKENIZER)
         log(f"tokenizer: {tokenizer.vocab_size:,} BPE tokens, saved to {run_dir / checkpoint.TOKENIZER}")
@@ -86,7 +85,17 @@ def read_splits(cfg: Config, run_dir: Path, tokenizer: Tokenizer | None, log: Ca
         encoded.append(encode_corpus(trains[src, tgt], tokenizer, d.max_len, cache, prefix))
         valid = encode_corpus(valids[src, tgt], tokenizer, d.max_len, cache, prefix)
         valid_splits.append(Split(src, tgt, valids[src, tgt], valid))
-    train_enc = encoded[0] if not d.tagged else EncodedCorpus.joined(encoded)
+    parts = [s.name for s in valid_splits]
+    if synthetic is not None:
+        if d.synthetic_tag and tokenizer.bt_id is None:
+            raise TrainError(
+                f"data.synthetic_tag: the run's tokenizer has no {Tokenizer.BT} token (it was made without synthetic "
+                "pairs); set data.synthetic_tag: false or start a new run"
+            )
+        prefix = [tokenizer.bt_id] if d.synthetic_tag and tokenizer.bt_id is not None else []
+        encoded.append(encode_corpus(synthetic, tokenizer, d.max_len, cache, prefix))
+        parts.append(f"{parts[0]} synthetic")
+    train_enc = encoded[0] if len(encoded) == 1 else EncodedCorpus.joined(encoded)
     if train_enc.dropped_long:
         log(f"data: {train_enc.dropped_long:,} training pairs longer than data.max_len={d.max_len} dropped")
     if len(train_enc) == 0:
@@ -98,4 +107,15 @@ def read_splits(cfg: Config, run_dir: Path, tokenizer: Tokenizer | None, log: Ca
             f"train.batch_tokens={cfg.train.batch_tokens} holds no training pair (the shortest takes {shortest} "
             f"tokens); raise train.batch_tokens to at least {shortest}"
         )
-    return TrainingData(tokenizer, train_enc, valid_splits)
+    return TrainingData(tokenizer, train_enc, valid_splits, parts)
+
+
+def _synthetic(cfg: Config, log: Callable[[str], None]) -> Corpus | None:
+    """The synthetic pairs ``data.synthetic`` holds, read as a ``text`` corpus of the run's languages; None without."""
+    d = cfg.data
+    if d.synthetic is None:
+        return None
+    corpus = load_split(replace(d, format="text", path=d.synthetic, holdout=None), d.train_split)
+    tagged = f", their sources tagged {Tokenizer.BT}" if d.synthetic_tag else ""
+    log(f"data: {len(corpus):,} synthetic pairs from {d.synthetic} ({corpus.dropped_empty} empty dropped){tagged}")
+    return corpus

@@ -157,7 +157,7 @@ class Loop:
         cfg, t, data, epoch = self.run.cfg, self.run.cfg.train, self.run.data.train, self.state.epoch
         pairs = None if data.directions is None else drawn(data.directions, cfg.data.temperature, cfg.seed, epoch)
         if data.directions is not None and self.state.batch_in_epoch == 0:
-            self._log_draw(counts(data.directions, pairs, self.run.data.names))
+            self._log_draw(counts(data.directions, pairs, self.run.data.parts))
         batches = make_batches(data, t.batch_tokens, cfg.seed, epoch, True, t.pad_multiple, pairs)
         size = t.accumulate * distributed.world_size()  # the update's batches, all ranks'
         pin = self.run.device.type == "cuda"
