@@ -102,6 +102,7 @@ def translate(
     batch_tokens: Optional[int] = typer.Option(
         None, "--batch-tokens", "--batch-size", callback=within("decode.batch_tokens"), help="Source tokens per batch"
     ),
+    to: Optional[str] = typer.Option(None, "--to", help="Language to translate into (needed by a model of several)"),
     device: str = typer.Option("auto", "--device", help="auto|cpu|cuda|cuda:N|mps"),
     precision: str = typer.Option("fp32", "--precision", help=DECODING_PRECISIONS),
     runs: Path = typer.Option(Path("runs"), "--runs", help="Where to look for the newest run"),
@@ -113,7 +114,9 @@ def translate(
 
     with user_errors():
         beam = 1 if greedy else beam
-        options = TranslateOptions(device, precision, beam=beam, nbest=nbest, alpha=alpha, batch_tokens=batch_tokens)
+        options = TranslateOptions(
+            device, precision, beam=beam, nbest=nbest, alpha=alpha, batch_tokens=batch_tokens, to=to
+        )
         run_translate(text, checkpoint, input_, output, runs, overwrite, options)
 
 
@@ -175,16 +178,21 @@ def eval_(
         None, "--output-dir", help="Write hypotheses and scores here (default: <checkpoint>/eval)"
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a report of the same split and settings"),
+    to: Optional[str] = typer.Option(None, "--to", help="A multilingual model's direction into this language only"),
+    from_: Optional[str] = typer.Option(
+        None, "--from", help="A multilingual model's direction from this language only"
+    ),
 ) -> None:
-    """Translate the test split and print sacreBLEU (with its signature) and chrF."""
+    """Translate the test split (each direction of a multilingual model) and print sacreBLEU (with its signature)
+    and chrF."""
     from cli.eval_cmd import run_eval
     from transformer.decoding.translator import TranslateOptions
 
     with user_errors():
         if (src is None) != (ref is None) and hyp is None:
             fail("--src and --ref go together; give both, or neither to use the config's test split")
-        options = TranslateOptions(device, precision, beam=beam, nbest=1, alpha=alpha[0] if alpha else None)
-        run_eval(checkpoint, split, src, ref, hyp, data_dir, runs, output_dir, alpha, overwrite, options)
+        options = TranslateOptions(device, precision, beam=beam, nbest=1, alpha=alpha[0] if alpha else None, to=to)
+        run_eval(checkpoint, split, src, ref, hyp, data_dir, runs, output_dir, alpha, overwrite, options, from_)
 
 
 @app.command()
@@ -236,6 +244,7 @@ def attention(
     output: Path = typer.Option(Path("attention.png"), "--output", "-o", help="PNG to write"),
     runs: Path = typer.Option(Path("runs"), "--runs", help="Where to look for the newest run"),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --output file"),
+    to: Optional[str] = typer.Option(None, "--to", help="Language to translate into (needed by a model of several)"),
 ) -> None:
     """Draw a heatmap of encoder-decoder attention (or --self attention) for one sentence (needs matplotlib)."""
     with user_errors():
@@ -245,11 +254,13 @@ def attention(
             fail(f"--head takes a head number from 1 or 'all', not '{head}'")
         from transformer import checkpoint as ckpt
         from transformer.decoding.attention_maps import attention_maps
+        from transformer.decoding.translator import target_of
         from transformer.plots import plot_attention
 
         path = checkpoint or ckpt.newest(runs)
         check_output(output, overwrite, ckpt.read_files(path))
         loaded = ckpt.load(path, "cpu")
+        target = target_of(loaded.cfg, to)
         d = loaded.cfg.decode
         maps = attention_maps(
             loaded.model,
@@ -260,6 +271,7 @@ def attention(
             d.max_len_a,
             d.max_len_b,
             loaded.cfg.data.lowercase,
+            loaded.tokenizer.tags[target] if loaded.cfg.data.tagged else None,
         )
         path = plot_attention(maps, output, None if head == "all" else int(head) - 1)
     print(path)

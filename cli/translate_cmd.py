@@ -67,7 +67,7 @@ def run_translate(
         check_output(output, overwrite, (input_, *read))
     else:
         check_stdout((input_, *read))
-    translator = Translator.from_checkpoint(paths, options)
+    translator = Translator.from_checkpoint(paths, options).to(options.to)  # a model of several needs --to
     with contextlib.ExitStack() as stack:
         if text is not None:
             lines: Iterator[str] = _lines([os.fsencode(text)], "the sentence")  # argv keeps bad bytes as surrogates

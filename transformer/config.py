@@ -137,6 +137,7 @@ class DecodeConfig:
     batch_tokens: int = 4096
     too_long: str = one_of("truncate", "error")
     bleu_tokenize: str | None = None
+    to: str | None = None  # the language to translate into, for a model of several (null: the model's only one)
 
 
 @dataclass

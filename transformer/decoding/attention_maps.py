@@ -42,9 +42,11 @@ def attention_maps(
     max_len_a: float = 1.0,
     max_len_b: int = 50,
     lowercase: bool = False,
+    tag: int | None = None,
 ) -> AttentionMaps:
     """Translate ``sentence`` greedily, then return the attention of one layer (0-based; -1 = last) of ``kind``.
-    ``lowercase``: the model was trained on lowercased text, so the sentence is lowercased as the Translator does.
+    ``lowercase``: the model was trained on lowercased text, so the sentence is lowercased as the Translator does;
+    ``tag``: a multilingual model's target tag, which starts the source (and is shown, labelled, as its first token).
 
     'cross' (encoder-decoder): rows are the target tokens produced, columns the source tokens (with
     <END>, as the model reads it). 'encoder': source by source. 'decoder': rows the tokens produced,
@@ -58,6 +60,7 @@ def attention_maps(
     ids = tokenizer.encode(source_line(sentence, lowercase))
     if not ids:
         raise PlotError("the sentence is empty; give a sentence to translate")
+    ids = ([] if tag is None else [tag]) + ids
     device = next(model.parameters()).device
     src = source_tensor([ids], tokenizer).to(device)
     hyp = greedy_search(model, src, tokenizer.start_id, tokenizer.end_id, max_len_a, max_len_b)[0]

@@ -70,10 +70,10 @@ def check_members(members: Sequence[Loaded]) -> None:
     for other in members[1:]:
         pair = f"checkpoints {first.path} and {other.path}"
         a, b = first.cfg.data, other.cfg.data
-        if (a.src_lang, a.tgt_lang) != (b.src_lang, b.tgt_lang):
+        if (a.pairs(), a.tagged) != (b.pairs(), b.tagged):
+            named = [", ".join(f"{s}->{t}" for s, t in d.pairs()) + (" (tagged)" if d.tagged else "") for d in (a, b)]
             raise ConfigError(
-                f"{pair} translate {a.src_lang}->{a.tgt_lang} and {b.src_lang}->{b.tgt_lang}; "
-                "an ensemble's models translate one language pair"
+                f"{pair} translate {named[0]} and {named[1]}; an ensemble's models translate the same directions"
             )
         if first.tokenizer.fingerprint() != other.tokenizer.fingerprint():
             raise ConfigError(

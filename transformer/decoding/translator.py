@@ -57,6 +57,18 @@ def source_line(line: str, lowercase: bool) -> str:
     return clean_line(line.lower() if lowercase else line)
 
 
+def target_of(cfg: Config, language: str | None) -> str:
+    """The language a model of ``cfg`` translates into when asked for ``language`` (None: its only target); a
+    language it does not translate into, or None for a model of several, is refused naming its targets."""
+    targets = sorted({tgt for _, tgt in cfg.data.pairs()})
+    known = ", ".join(targets)
+    if language is None and len(targets) > 1:
+        raise ConfigError(f"the model translates into {known}; say which with --to (e.g. --to {targets[0]})")
+    if language is not None and language not in targets:
+        raise ConfigError(f"the model does not translate into '{language}'; its target languages: {known}")
+    return language or targets[0]
+
+
 @dataclass
 class Translation:
     """The n-best hypotheses of one input line, best first, as text and scores."""
@@ -81,6 +93,7 @@ class TranslateOptions:
     nbest: int | None = None
     alpha: float | None = None
     batch_tokens: int | None = None
+    to: str | None = None
 
     def __post_init__(self) -> None:
         """The device and the precision are checked as they come in: a device this machine has (kept as a torch
@@ -112,9 +125,8 @@ class Translator:
         self.lowercase = cfg.data.lowercase  # trained on lowercased text: input is lowercased as it was
         self.warn = lambda msg: print(f"warning: {msg}", file=sys.stderr)
         self.targets = sorted({tgt for _, tgt in cfg.data.pairs()})
-        # the language translated into (chosen by ``to`` where the model has several) and its tag, if it has tags
-        self.target = self.targets[0] if len(self.targets) == 1 else None
-        self.tag = tokenizer.tags.get(self.target) if cfg.data.tagged and self.target else None
+        if decode.to is not None:
+            self.to(decode.to)  # a target the model has
 
     @classmethod
     def from_checkpoint(
@@ -139,6 +151,7 @@ class Translator:
             nbest=d.nbest if options.nbest is None else options.nbest,
             alpha=d.alpha if options.alpha is None else options.alpha,
             batch_tokens=d.batch_tokens if options.batch_tokens is None else options.batch_tokens,
+            to=d.to if options.to is None else options.to,
         )
         check_decode(decode, loaded.tokenizer.vocab_size)  # the settings given against the checkpoint's and its model
         precision = decoding_precision(options.precision, loaded.model, device, lambda msg: print(msg, file=sys.stderr))
@@ -156,18 +169,22 @@ class Translator:
             type(self)(model, m.tokenizer, m.cfg, self.decode, self.device, self.precision, [m]) for m, model in made
         ]
 
+    @property
+    def target(self) -> str | None:
+        """The language translated into: ``decode.to``, else the model's only target language (None for a model of
+        several when none was asked for)."""
+        return self.decode.to or (self.targets[0] if len(self.targets) == 1 else None)
+
+    @property
+    def tag(self) -> int | None:
+        """The id of the target's tag, which starts every source of a multilingual model; None for a model of one."""
+        return self.tokenizer.tags[self.target] if self.cfg.data.tagged and self.target else None
+
     def to(self, language: str | None) -> Translator:
         """The same translator into ``language`` (None: the model's only target language); a language the model does
         not translate into, or None for a model of several, is refused naming its targets."""
-        targets = ", ".join(self.targets)
-        if language is None and self.target is None:
-            raise ConfigError(f"the model translates into {targets}; say which with --to (e.g. --to {self.targets[0]})")
-        if language is not None and language not in self.targets:
-            raise ConfigError(f"the model does not translate into '{language}'; its target languages: {targets}")
-        other = copy.copy(self)
-        other.target = language or self.target
-        other.tag = self.tokenizer.tags[other.target] if self.cfg.data.tagged else None
-        return other
+        target_of(self.cfg, language)
+        return self if language == self.decode.to else self.with_decode(replace(self.decode, to=language))
 
     def with_decode(self, decode: DecodeConfig) -> Translator:
         """The same model, tokenizer and device under other decode settings, checked where they came in (a server's

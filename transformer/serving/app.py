@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 from transformer.checkpoint import Loaded
 from transformer.decoding.attention_maps import attention_maps
-from transformer.decoding.translator import Translation
+from transformer.decoding.translator import Translation, target_of
 from transformer.errors import UserError
 from transformer.serving.batcher import Batcher, Busy, Closed, OutOfMemory
 from transformer.serving.checks import Limits, RequestError, check_attention, check_translate, read_json
@@ -78,13 +78,13 @@ def create_app(members: list[Loaded], batcher: Batcher, limits: Limits) -> Starl
     default decode settings); the attention picture is the first member's."""
     loaded = members[0]
     cfg, tokenizer = loaded.cfg, loaded.tokenizer
-    max_positions = batcher.translator.max_positions
-    defaults = batcher.translator.decode
+    max_positions = batcher.translator.max_positions - cfg.data.tagged  # a multilingual source's tag takes one
+    defaults, targets = batcher.translator.decode, tuple(batcher.translator.targets)
     pages = {path: ((STATIC / name).read_bytes(), kind) for path, (name, kind) in PAGE_FILES.items()}
 
     async def translate(request: Request) -> JSONResponse:
         obj = read_json(await _body(request, limits))
-        req = check_translate(obj, limits, tokenizer, max_positions, defaults, cfg.data.lowercase)
+        req = check_translate(obj, limits, tokenizer, max_positions, defaults, cfg.data.lowercase, targets)
         out = await asyncio.wrap_future(batcher.translate(req.lines, req.lengths, req.decode))
         d = req.decode
         return JSONResponse(
@@ -98,12 +98,21 @@ def create_app(members: list[Loaded], batcher: Batcher, limits: Limits) -> Starl
 
     async def attention(request: Request) -> JSONResponse:
         body = read_json(await _body(request, limits))
-        req = check_attention(body, tokenizer, max_positions, cfg.model.N, cfg.data.lowercase)
+        req = check_attention(body, tokenizer, max_positions, cfg.model.N, cfg.data.lowercase, targets)
         d = cfg.decode
+        tag = tokenizer.tags[target_of(cfg, req.to)] if cfg.data.tagged else None
 
         def draw() -> dict[str, Any]:
             maps = attention_maps(
-                loaded.model, tokenizer, req.text, "cross", req.layer - 1, d.max_len_a, d.max_len_b, cfg.data.lowercase
+                loaded.model,
+                tokenizer,
+                req.text,
+                "cross",
+                req.layer - 1,
+                d.max_len_a,
+                d.max_len_b,
+                cfg.data.lowercase,
+                tag,
             )
             return {
                 "translation": maps.translation,
@@ -128,6 +137,8 @@ def create_app(members: list[Loaded], batcher: Batcher, limits: Limits) -> Starl
                 "ensemble": [{"checkpoint": str(m.path), "step": m.meta.get("step")} for m in members],
                 "source": cfg.data.src_lang,
                 "target": cfg.data.tgt_lang,
+                "directions": [f"{src}-{tgt}" for src, tgt in cfg.data.pairs()],
+                "targets": list(targets),
                 "vocab_size": tokenizer.vocab_size,
                 "config": dataclasses.asdict(cfg),
                 "decode": {

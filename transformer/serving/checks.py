@@ -53,10 +53,11 @@ class TranslateRequest:
 
 @dataclass
 class AttentionRequest:
-    """One sentence and the layer (1-based) whose encoder-decoder attention the page draws."""
+    """One sentence, the layer (1-based) whose encoder-decoder attention the page draws, and the target language."""
 
     text: str
     layer: int
+    to: str | None = None
 
 
 def read_json(body: bytes) -> dict[str, Any]:
@@ -125,10 +126,12 @@ def check_translate(
     max_positions: int,
     decode: DecodeConfig,
     lowercase: bool = False,
+    targets: tuple[str, ...] = (),
 ) -> TranslateRequest:
     """A ``POST /translate`` body: ``text`` a list of strings; ``beam``, ``alpha``, ``nbest`` optional (default:
-    the checkpoint's ``decode``). ``lowercase``: the model's input is lowercased (data.lowercase)."""
-    _known_keys(obj, ("text", "beam", "alpha", "nbest"))
+    the checkpoint's ``decode``); ``to`` one of the model's ``targets`` (needed where it has several).
+    ``lowercase``: the model's input is lowercased (data.lowercase)."""
+    _known_keys(obj, ("text", "beam", "alpha", "nbest", "to"))
     if "text" not in obj:
         raise RequestError(400, f"the key 'text' is missing; send an object such as {EXAMPLE}")
     lines = obj["text"]
@@ -142,21 +145,42 @@ def check_translate(
     beam = _in_range("beam", _integer(obj, "beam", decode.beam), 1, beam_limit, "1 is greedy search")
     nbest = _in_range("nbest", _integer(obj, "nbest", 1), 1, beam, "at most the beam")
     alpha = _alpha(obj, decode.alpha)
+    to = _target(obj, decode.to, targets)
     lengths = source_lengths(lines, tokenizer, max_positions, lowercase)
-    return TranslateRequest(lines, lengths, dataclasses.replace(decode, beam=beam, nbest=nbest, alpha=alpha))
+    return TranslateRequest(lines, lengths, dataclasses.replace(decode, beam=beam, nbest=nbest, alpha=alpha, to=to))
+
+
+def _target(obj: dict[str, Any], default: str | None, targets: tuple[str, ...]) -> str | None:
+    """``to``: one of the model's target languages; required where it has several."""
+    to = obj.get("to", default)
+    if to is not None and not isinstance(to, str):
+        raise RequestError(400, f"to must be a language code as a string, not {json.dumps(to)[:40]}")
+    if to is None and len(targets) > 1:
+        raise RequestError(422, f'the model translates into {", ".join(targets)}; send "to" with one of them')
+    if to is not None and targets and to not in targets:
+        raise RequestError(
+            422, f"to {to[:40]!r}: the model does not translate into it; its targets: {', '.join(targets)}"
+        )
+    return to
 
 
 def check_attention(
-    obj: dict[str, Any], tokenizer: Tokenizer, max_positions: int, layers: int, lowercase: bool = False
+    obj: dict[str, Any],
+    tokenizer: Tokenizer,
+    max_positions: int,
+    layers: int,
+    lowercase: bool = False,
+    targets: tuple[str, ...] = (),
 ) -> AttentionRequest:
-    """A ``POST /attention`` body: ``text`` one non-empty sentence, ``layer`` 1..layers (default: the last);
-    ``lowercase`` as for check_translate."""
-    _known_keys(obj, ("text", "layer"))
+    """A ``POST /attention`` body: ``text`` one non-empty sentence, ``layer`` 1..layers (default: the last); ``to``
+    and ``lowercase`` as for check_translate."""
+    _known_keys(obj, ("text", "layer", "to"))
     text = obj.get("text")
     if not isinstance(text, str):
         raise RequestError(400, 'text must be one sentence as a string, e.g. {"text": "Ein Mann fährt Fahrrad."}')
     if not clean_line(text):
         raise RequestError(422, "the sentence is empty; type a sentence to translate")
     layer = _in_range("layer", _integer(obj, "layer", layers), 1, layers, "the model's layers")
+    to = _target(obj, None, targets)
     source_lengths([text], tokenizer, max_positions, lowercase)
-    return AttentionRequest(text, layer)
+    return AttentionRequest(text, layer, to)

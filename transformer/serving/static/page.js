@@ -72,7 +72,11 @@ async function translate(event) {
   $("status").textContent = "translating…";
   $("go").disabled = true;
   try {
-    shown = await call("attention", {text: text, layer: Number($("layer").value)});
+    const asked = {text: text, layer: Number($("layer").value)};
+    if (!$("to-label").hidden) {
+      asked.to = $("to").value;
+    }
+    shown = await call("attention", asked);
     $("translation").textContent = shown.translation;
     $("result").hidden = false;
     $("status").textContent = "";
@@ -91,7 +95,12 @@ async function start() {
     const served = info.ensemble.length > 1
       ? `an ensemble of ${info.ensemble.length}: ${info.ensemble.map((m) => m.checkpoint).join(" + ")}`
       : `${info.checkpoint} · step ${info.step}`;
-    $("model").textContent = `${info.source} → ${info.target} · ${served} · ${model.N} layers, ${model.h} heads`;
+    const directions = info.directions.length > 1 ? info.directions.join(", ") : `${info.source} → ${info.target}`;
+    $("model").textContent = `${directions} · ${served} · ${model.N} layers, ${model.h} heads`;
+    if (info.targets.length > 1) {  // a model of several target languages: the page asks which
+      info.targets.forEach((t) => $("to").add(new Option(t, t)));
+      $("to-label").hidden = false;
+    }
     options($("layer"), model.N, model.N);
     options($("head"), model.h, 1);
   } catch (error) {
@@ -106,6 +115,7 @@ async function start() {
   };
   $("head").onchange = () => shown && draw();
   $("layer").onchange = (event) => shown && translate(event);
+  $("to").onchange = (event) => shown && translate(event);
 }
 
 start();
