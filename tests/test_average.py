@@ -89,3 +89,13 @@ def test_a_full_disk_is_one_line_that_does_not_send_the_user_to_resume(run, smal
     assert r.exit_code == 2 and "Traceback" not in r.output, r.output
     assert "disk full while saving" in r.stderr and "run tfm average again" in r.stderr and "--resume" not in r.stderr
     assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
+
+
+def test_a_multilingual_run_averages_into_a_checkpoint_that_translates_each_direction(tiny_tagged_run, tmp_path):
+    from transformer.decoding.translator import TranslateOptions, Translator
+
+    path = average(tiny_tagged_run.run_dir, 2, tmp_path / "avg2")
+    translator = Translator.from_checkpoint(path, TranslateOptions("cpu", beam=1))
+    assert translator.targets == ["de", "en"]
+    for target in ("de", "en"):
+        assert len(list(translator.to(target).translate(["Ein Hund.", "A dog."]))) == 2
