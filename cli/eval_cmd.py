@@ -115,6 +115,7 @@ def run_eval(
     from transformer.decoding.translator import Translator
     from transformer.text.corpus import load_split
 
+    _distinct(alphas or [])
     paths = checkpoints or [ckpt.newest(runs)]
     translator = Translator.from_checkpoint(paths, options)
     asked = Asked(paths, split, src, ref, data_dir, output_dir or paths[0] / ckpt.EVAL, list(alphas or [None]), options)
@@ -144,6 +145,17 @@ def run_eval(
         if len(tasks) > 1:
             print(f"{task[3]}:")
         _evaluate(*task, asked)
+
+
+def _distinct(alphas: list[float]) -> None:
+    """Length penalties that name reports of their own (a report is named for its alpha to 6 significant digits)."""
+    named: dict[str, float] = {}
+    for a in alphas:
+        if (first := named.setdefault(f"{a:g}", a)) != a:
+            fail(
+                f"--alpha {first!r} and --alpha {a!r} name the same report (alpha{a:g}); give penalties that differ "
+                "in their first 6 significant digits"
+            )
 
 
 def _directions(pairs: list[tuple[str, str]], from_: str | None, to: str | None) -> list[tuple[str, str]]:

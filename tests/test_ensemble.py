@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from cli.main import app
 from transformer import checkpoint
 from transformer.config import ModelConfig
+from transformer.decoding.attention_maps import attention_maps
 from transformer.decoding.ensemble import Ensemble, check_members
 from transformer.decoding.search import beam_search, greedy_search
 from transformer.decoding.translator import TranslateOptions, Translator
@@ -220,3 +221,25 @@ def test_serve_decodes_with_an_ensemble_and_says_so(members, tmp_path):
     finally:
         proc.p.send_signal(signal.SIGTERM)
         proc.finish()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8", "bf16"])
+def test_decoding_an_ensemble_leaves_every_module_of_its_members_in_the_mode_it_had(tiny_run, precision):
+    """Two loaded checkpoints, one in eval mode and one as loaded; after the ensemble has translated, each module of
+    each keeps its mode, and the attention picture of a member is a fresh copy's."""
+    a = checkpoint.load(tiny_run.run_dir / "best")
+    b = checkpoint.load(tiny_run.run_dir / "checkpoints" / "step_3")
+    a.model.eval()
+    modes = [[m.training for m in loaded.model.modules()] for loaded in (a, b)]
+    ensemble = Translator.from_checkpoint([a, b], TranslateOptions("cpu", precision, beam=2))
+    assert not any(m.training for m in ensemble.model.modules())
+    list(ensemble.translate(LINES * 20))
+    assert [[m.training for m in loaded.model.modules()] for loaded in (a, b)] == modes
+    fresh = checkpoint.load(tiny_run.run_dir / "best")
+    for sentence in LINES[:2]:
+        got, want = (
+            attention_maps(a.model, a.tokenizer, sentence),
+            attention_maps(fresh.model, fresh.tokenizer, sentence),
+        )
+        assert (got.rows, got.cols) == (want.rows, want.cols) and torch.equal(got.weights, want.weights)
+    assert [[m.training for m in loaded.model.modules()] for loaded in (a, b)] == modes

@@ -3,6 +3,7 @@
 import json
 
 from cli_helpers import one_error_line
+from tiny import SAMPLE
 from typer.testing import CliRunner
 
 from cli.main import app
@@ -106,3 +107,41 @@ def test_several_alphas_one_report_each_as_if_evaluated_alone(tiny_checkpoint, t
     assert not (grid / "src.de.beam3.alpha1.hyp").exists()
     r = CliRunner().invoke(app, [*args, "--alpha", "1", "--alpha", "-2"])
     assert r.exit_code == 2 and "--alpha -2 is out of range" in one_error_line(r.stderr)
+
+
+def test_alphas_that_would_name_one_report_are_refused_before_any_work(tiny_checkpoint, tmp_path):
+    src = tmp_path / "src.de"
+    src.write_text("Ein Hund läuft.\n", encoding="utf-8")
+    args = ["eval", "--checkpoint", str(tiny_checkpoint), "--src", str(src), "--ref", str(src), "--device", "cpu"]
+    r = CliRunner().invoke(app, [*args, "--alpha", "1", "--alpha", "1.0000001", "--output-dir", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "name the same report (alpha1)" in one_error_line(r.stderr)
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_int8_alpha_grid_is_each_alpha_evaluated_alone(tiny_run, tmp_path):
+    """int8 quantizes each row of activations on its own, so the grid's one beam search gives what each alpha's own
+    search gives, whatever the batches held."""
+    lines = (SAMPLE / "valid.de").read_text(encoding="utf-8").splitlines()[:24]
+    src, ref = tmp_path / "src.de", tmp_path / "ref.en"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    ref.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    best = tiny_run.run_dir / "best"
+    args = [
+        "eval",
+        "--checkpoint",
+        str(best),
+        "--src",
+        str(src),
+        "--ref",
+        str(ref),
+        "--precision",
+        "int8",
+        "--beam",
+        "3",
+    ]
+    grid, alone = tmp_path / "grid", tmp_path / "alone"
+    assert CliRunner().invoke(app, [*args, "--alpha", "0", "--alpha", "2", "--output-dir", str(grid)]).exit_code == 0
+    for alpha in ("0", "2"):
+        assert CliRunner().invoke(app, [*args, "--alpha", alpha, "--output-dir", str(alone)]).exit_code == 0
+        stem = f"src.de.beam3.alpha{alpha}"
+        assert (grid / f"{stem}.hyp").read_text() == (alone / f"{stem}.hyp").read_text()

@@ -12,7 +12,7 @@ def test_int8_linear_is_close_to_the_fp32_one_and_its_parts_are_its_rows():
     torch.manual_seed(0)
     linear = StackedLinear(64, 3 * 64)
     rows = (slice(0, 64), slice(64, 192))
-    q, parts = Int8Linear(linear.weight, linear.bias), LinearParts(linear, rows, Int8Linear)
+    q, parts = Int8Linear(linear.weight, linear.bias), LinearParts(linear, [(r, Int8Linear) for r in rows])
     x = torch.randn(7, 5, 64)
     want, got = linear(x).detach(), q(x)
     assert got.shape == want.shape
@@ -26,3 +26,14 @@ def test_swap_linears_replaces_every_linear_in_place():
     swap_linears(net, lambda parent, linear: Int8Linear(linear.weight, linear.bias))
     assert [type(m).__name__ for m in net.modules()].count("Int8Linear") == 2
     assert not any(isinstance(m, nn.Linear) for m in net.modules())
+
+
+def test_an_int8_row_gives_the_same_numbers_alone_and_in_any_batch():
+    """Each input row is quantized with its own scale: a row's output does not depend on its neighbours."""
+    torch.manual_seed(0)
+    q = Int8Linear(torch.randn(96, 64), torch.randn(96))
+    rows = torch.randn(256, 64)
+    rows[3] *= 100  # a loud neighbour, which would set a whole-batch scale
+    alone = q(rows[:1])
+    for n in (8, 64, 256):
+        assert torch.equal(q(rows[:n])[:1], alone)

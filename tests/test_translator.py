@@ -8,7 +8,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tiny import tiny_config
 
+from transformer import checkpoint
 from transformer.checkpoint import Loaded
+from transformer.decoding.search import greedy_search
 from transformer.decoding.translator import TranslateOptions, Translator, clean_line
 from transformer.errors import ConfigError, TranslateError
 from transformer.model.transformer import Transformer
@@ -168,3 +170,36 @@ def test_precision_auto_decodes_in_the_precision_it_chose(translator, model, tmp
     chosen = Translator.from_checkpoint(translator.members[0], TranslateOptions("cpu", auto.precision))
     lines = SENTENCES[:4]
     assert [o.texts for o in auto.translate_chunk(lines)] == [o.texts for o in chosen.translate_chunk(lines)]
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_an_int8_sentence_translates_the_same_alone_and_in_batches_of_8_64_and_256(tiny_run, beam):
+    """Each row of int8 activations has its own scale, so a sentence's text and score do not depend on the other
+    sentences decoded with it (a server batch, a file, the alpha grid): the score as printed (4 decimals) is the
+    same; below that, float sums of another batch's shapes add up in another order, as in fp32."""
+    options = TranslateOptions("cpu", "int8", beam=beam, nbest=1, batch_tokens=100_000)
+    t = Translator.from_checkpoint(tiny_run.run_dir / "best", options)
+    others = [f"{s} {i}" for i, s in enumerate(SENTENCES * 4)]
+    alone = t.translate_chunk([SENTENCES[2]])[0]
+    for n in (8, 64, 256):
+        together = t.translate_chunk([SENTENCES[2], *others[: n - 1]])[0]
+        assert together.texts == alone.texts and together.scores == pytest.approx(alone.scores, abs=1e-5), n
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
+def test_a_greedy_score_is_its_log_probability_over_the_penalty_at_the_alpha_in_force(tiny_run, alpha):
+    """score = sum of the tokens' log-probabilities (<END> included) / ((5 + length) / 6) ** alpha, length counting
+    <END>, for greedy search as for beam search; here from the model's own teacher-forced log-probabilities."""
+    loaded = checkpoint.load(tiny_run.run_dir / "best")
+    t = Translator.from_checkpoint(loaded, TranslateOptions("cpu", beam=1, alpha=alpha))
+    tok, model = loaded.tokenizer, loaded.model.eval()
+    for line in SENTENCES[:4]:
+        got = t.translate_chunk([line])[0]
+        src = torch.tensor([tok.encode(line) + [tok.end_id]])
+        ids = greedy_search(model, src, tok.start_id, tok.end_id, t.decode.max_len_a, t.decode.max_len_b)[0].tokens
+        assert got.best == tok.decode(ids)
+        with torch.no_grad():
+            logits = model(src, torch.tensor([[tok.start_id, *ids]]))
+        targets = torch.tensor(ids + [tok.end_id])
+        log_prob = logits.log_softmax(-1)[0].gather(1, targets[:, None]).sum().item()
+        assert got.scores[0] == pytest.approx(log_prob / ((5 + len(ids) + 1) / 6) ** alpha, abs=1e-4)

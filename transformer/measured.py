@@ -49,7 +49,7 @@ def decoding_precision(name: str, model: Transformer, device: torch.device, log:
     layer = model.decoder.layers[0]
     dims = (layer.self_attn.h * layer.self_attn.d_k, layer.ff.w_1.out_features, layer.self_attn.h)
     key = f"decoding | {machine()} | {shape(len(model.decoder.layers), *dims, model.generator.out_features)}"
-    names = ("fp32", "bf16") + (("int8",) if torch.backends.quantized.engine != "none" else ())
+    names = ("fp32", "bf16", "int8")
     return _verdict(key, names, lambda: decoding_seconds(model, names), "decode", log)
 
 

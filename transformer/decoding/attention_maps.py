@@ -10,6 +10,7 @@ import torch
 from transformer.decoding.search import greedy_search
 from transformer.decoding.translator import source_line
 from transformer.errors import PlotError
+from transformer.model.decoding_copy import precision_copy
 from transformer.model.transformer import Transformer
 from transformer.text.batching import source_tensor
 from transformer.text.tokenizer import Tokenizer
@@ -44,7 +45,8 @@ def attention_maps(
     lowercase: bool = False,
     tag: int | None = None,
 ) -> AttentionMaps:
-    """Translate ``sentence`` greedily, then return the attention of one layer (0-based; -1 = last) of ``kind``.
+    """Translate ``sentence`` greedily, then return the attention of one layer (0-based; -1 = last) of ``kind``, in
+    eval mode through a copy of the model's modules (its own modes and weights untouched).
     ``lowercase``: the model was trained on lowercased text, so the sentence is lowercased as the Translator does;
     ``tag``: a multilingual model's target tag, which starts the source (and is shown, labelled, as its first token).
 
@@ -62,10 +64,10 @@ def attention_maps(
         raise PlotError("the sentence is empty; give a sentence to translate")
     ids = ([] if tag is None else [tag]) + ids
     device = next(model.parameters()).device
+    model = precision_copy(model, "fp32")  # in eval mode, whatever the model's own modes: theirs stay as they are
     src = source_tensor([ids], tokenizer).to(device)
     hyp = greedy_search(model, src, tokenizer.start_id, tokenizer.end_id, max_len_a, max_len_b)[0]
     tgt_in = torch.tensor([[tokenizer.start_id, *hyp.tokens]], device=device)
-    model.eval()
     weights = model.attention_weights(src, tgt_in)[kind][layer][0].float().cpu()
     src_tokens = _names(tokenizer, src[0].tolist())
     produced = _names(tokenizer, [*hyp.tokens, tokenizer.end_id])

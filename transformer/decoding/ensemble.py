@@ -39,9 +39,12 @@ class Ensemble(nn.Module):
     """Members decoding as one model, as the search sees it: ``encode``, ``start_state`` and ``decode_step``."""
 
     def __init__(self, members: Sequence[Transformer]) -> None:
+        """``members``: models as they decode (model.decoding_copy), whose modules no one else holds; the ensemble
+        is in eval mode from the start, so no search ever switches them."""
         super().__init__()
         self.members = nn.ModuleList(members)
         self.pad_id = members[0].pad_id
+        self.eval()
 
     def encode(self, src: Tensor) -> tuple[list[Tensor], Tensor]:
         """Each member's encoder output for src [B, S], and the source's keep mask (the same for all: one

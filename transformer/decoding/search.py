@@ -63,19 +63,22 @@ def max_output_lengths(src_lengths: Tensor, max_len_a: float, max_len_b: int) ->
 
 @contextlib.contextmanager
 def _eval_mode(model: nn.Module) -> Iterator[None]:
-    """Run in eval mode (no dropout) and restore the caller's mode afterwards.
+    """Run in eval mode (no dropout) and put back each module's own mode afterwards.
 
-    A model whose own flag says eval is taken as in eval: setting the flag walks every submodule, which for a
-    search of one sentence costs about as much as one of its decoding steps.
+    A model whose own flag says eval is taken as in eval (decoding copies are, from construction: model.decoding_copy):
+    setting the flag walks every submodule, which for a search of one sentence costs about as much as one of its
+    decoding steps.
     """
     if not model.training:
         yield
         return
+    modes = [(m, m.training) for m in model.modules()]
     model.eval()
     try:
         yield
     finally:
-        model.train()
+        for m, training in modes:
+            m.training = training
 
 
 class _Search:

@@ -232,7 +232,8 @@ class Translator:
             shape_changing_attention(self.device),
         ):
             if d.beam == 1:
-                return [[h] for h in greedy_search(self.model, src, t.start_id, t.end_id, d.max_len_a, d.max_len_b)]
+                greedy = greedy_search(self.model, src, t.start_id, t.end_id, d.max_len_a, d.max_len_b, d.alpha)
+                return [[h] for h in greedy]
             if every_alpha:
                 return beam_finished(self.model, src, t.start_id, t.end_id, d.beam, d.max_len_a, d.max_len_b)
             return beam_search(

@@ -4,9 +4,12 @@ its mode, its modules and its weights, whatever the copy then does.
 
 bf16, fp16: the Linear weights cast once (autocast caches no casts under inference mode, so each step would cast
 every weight again; cast ahead, autocast rounds the same weights the same way), the output table a copy of its own so
-that embeddings stay fp32. int8: every Linear layer in int8 (model.linears.Int8Linear). fp32: the model's own weights.
+that embeddings stay fp32. int8: every Linear layer in int8 (model.linears.Int8Linear) but encoder-decoder attention's
+query and output projections, which stay fp32 as the folded attention computes them. fp32: the model's own weights.
 On a CPU, fp32 and int8 fold encoder-decoder attention into its float projections for batches of few sentences
-(model.cross_fold), and every precision's copy calls its modules directly (model.speed.called_directly).
+(model.cross_fold), and every precision's copy calls its modules directly (model.speed.called_directly). Folded or
+not, a step computes the same numbers but for the order of float sums, so a sentence's translation does not depend on
+how many others share its batch.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import torch
 from torch import nn
 
 from transformer.model.cross_fold import FoldedCrossAttention
-from transformer.model.linears import Int8Linear, LinearParts, swap_linears
+from transformer.model.linears import Int8Linear, LinearParts, float_linear, swap_linears
 from transformer.model.speed import called_directly
 from transformer.model.transformer import Transformer
 from transformer.runtime.precision import PRECISIONS
@@ -46,10 +49,11 @@ def precision_copy(model: Transformer, name: str) -> Transformer:
     if p.trains:  # fp32: new modules over the model's own tensors
         return copy.deepcopy(model, memo={id(t): t for t in (*model.parameters(), *model.buffers())}).eval()
     q = copy.deepcopy(model).eval().requires_grad_(False)
-    for layer in q.decoder.layers:  # encoder-decoder attention applies its queries and its keys and values apart
-        cross = layer.cross_attn
-        cross.in_proj = LinearParts(cross.in_proj, (cross.query_rows, cross.key_value_rows), Int8Linear)
-    swap_linears(q, lambda parent, linear: Int8Linear(linear.weight, linear.bias))
+    crosses = [layer.cross_attn for layer in q.decoder.layers]
+    swap_linears(q, lambda parent, linear: linear if parent in crosses else Int8Linear(linear.weight, linear.bias))
+    for cross in crosses:  # its queries in fp32 (as folded: model.cross_fold), its keys and values in int8
+        parts = [(cross.query_rows, float_linear), (cross.key_value_rows, Int8Linear)]
+        cross.in_proj = LinearParts(cross.in_proj, parts)
     return q.eval()
 
 

@@ -1,16 +1,15 @@
 """Linear layers that decoding swaps into the model for int8 (model.decoding_copy): each computes x W^T + b
 as the nn.Linear it replaces does, with W stored in int8.
 
-``Int8Linear``: PyTorch's dynamic quantized linear (FBGEMM on x86), one operator that quantizes its input per
-call, multiplies in int8 with int32 sums and returns fp32 with the bias added; one weight scale per output row. An
-input's scale is taken over the whole call, so a sentence's output can differ in the last digits with the other
-sentences in its batch. (fp32 decodes through the model's own Linear layers: weights laid out for a step's few rows
-measured slower inside the model's one step, as bench/README.md records.)
+``Int8Linear``: int8 weights with one scale per output row, and each input row quantized with a scale of its own,
+multiplied in int8 with int32 sums (``torch._int_mm``) and returned in fp32 with the bias added. A scale over the
+whole call, as PyTorch's dynamic quantized linear takes it, would make a sentence's translation depend on the
+other sentences of its batch. (fp32 decodes through the model's own Linear layers: weights laid out for a step's
+few rows measured slower inside the model's one step, as bench/README.md records.)
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 
 import torch
@@ -25,39 +24,49 @@ def swap_linears(module: nn.Module, make: Callable[[nn.Module, nn.Linear], nn.Mo
                 setattr(parent, name, make(parent, child))
 
 
-def _int8_packed(weight: Tensor, bias: Tensor | None) -> object:
-    """``weight`` rounded to int8 with one scale per output row, packed with ``bias`` for the quantized engine."""
-    w = weight.detach().float()
-    scale = (w.abs().amax(1) / 127).clamp_min(1e-12).double()
-    zero = torch.zeros(w.size(0), dtype=torch.long)
-    with warnings.catch_warnings():  # quantized tensors are deprecated (pytorch#184982); only this packing makes one
-        warnings.simplefilter("ignore", UserWarning)
-        q = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
-    return torch.ops.quantized.linear_prepack(q, None if bias is None else bias.detach().float())
-
-
 class Int8Linear(nn.Module):
-    """x W^T + b with W stored in int8, fp32 in and out."""
+    """x W^T + b with W stored in int8 (one scale per output row) and each row of x quantized to int8 on its own (one
+    scale per row, as int8 engines quantize tokens): an int8 x int8 product summed in int32, then scaled back to
+    fp32. A row's output depends on that row alone, so a sentence translates the same whatever else is in its batch.
+    """
 
     def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
         super().__init__()
-        self.out_features, self.in_features = weight.shape
-        self._packed = _int8_packed(weight, bias)
+        w = weight.detach().float()
+        self.out_features, self.in_features = w.shape
+        scale = (w.abs().amax(1) / 127).clamp_min(1e-12)
+        self.register_buffer("weight_t", torch.round(w / scale[:, None]).to(torch.int8).t().contiguous())
+        self.register_buffer("weight_scale", scale)
+        self.register_buffer("bias", torch.zeros(w.size(0)) if bias is None else bias.detach().float().clone())
 
     def forward(self, x: Tensor) -> Tensor:
-        # reduce_range: 7-bit inputs, so that int8 products cannot overflow on x86 without VNNI (as torch.ao's does)
-        return torch.ops.quantized.linear_dynamic(x, self._packed, True)
+        rows = x.reshape(-1, self.in_features)
+        scale = rows.abs().amax(1, keepdim=True).mul_(1 / 127).clamp_min_(1e-30)  # [R, 1]: each row's own
+        q = torch.round(rows / scale).to(torch.int8)
+        out = torch._int_mm(q, self.weight_t).to(torch.float32)  # exact int32 sums
+        out = torch.addcmul(self.bias, out, scale * self.weight_scale)
+        return out.view(*x.shape[:-1], self.out_features)
 
 
 class LinearParts(nn.Module):
     """A StackedLinear that decoding applies only in parts (encoder-decoder attention: its query rows at every step,
-    its key and value rows once per sentence), one layer per part made by ``make(weight rows, bias rows)``."""
+    its key and value rows once per sentence), each part a layer that its ``make(weight rows, bias rows)`` builds."""
 
-    def __init__(self, linear: nn.Linear, parts: tuple[slice, ...], make: Callable[[Tensor, Tensor], nn.Module]):
+    def __init__(self, linear: nn.Linear, parts: list[tuple[slice, Callable[[Tensor, Tensor], nn.Module]]]):
         super().__init__()
-        self.parts = nn.ModuleList(make(linear.weight[s], linear.bias[s]) for s in parts)
-        self._forwards = {(s.start, s.stop): m.forward for s, m in zip(parts, self.parts)}
+        self.parts = nn.ModuleList(make(linear.weight[s], linear.bias[s]) for s, make in parts)
+        self._forwards = {(s.start, s.stop): m.forward for (s, _), m in zip(parts, self.parts)}
 
     def part(self, x: Tensor, rows: slice) -> Tensor:
         """x through the stacked maps' output rows ``rows`` alone, as StackedLinear.part."""
         return self._forwards[rows.start, rows.stop](x)
+
+
+def float_linear(weight: Tensor, bias: Tensor | None) -> nn.Linear:
+    """An fp32 nn.Linear holding a copy of ``weight`` and ``bias`` (rows of another layer's)."""
+    with torch.device("meta"):
+        linear = nn.Linear(weight.size(1), weight.size(0), bias=bias is not None)
+    linear.weight = nn.Parameter(weight.detach().float().clone(), requires_grad=False)
+    if bias is not None:
+        linear.bias = nn.Parameter(bias.detach().float().clone(), requires_grad=False)
+    return linear

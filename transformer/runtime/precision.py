@@ -60,8 +60,6 @@ def check_precision(name: str, device: torch.device, training: bool) -> None:
     if not PRECISIONS[name].trains:
         if device.type != "cpu":
             raise ConfigError(f"precision int8 decodes on the CPU only, the device is {device.type}; use --device cpu")
-        if torch.backends.quantized.engine == "none":
-            raise ConfigError("precision int8: this torch build has no quantized engine (FBGEMM/QNNPACK); use fp32")
 
 
 def autocast(name: str, device: torch.device) -> ContextManager:
