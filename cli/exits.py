@@ -50,7 +50,30 @@ class OneLineErrors(TyperGroup):
 
     def invoke(self, ctx: Any) -> Any:
         with _usage_errors():
+            args = [*(getattr(ctx, "_protected_args", None) or ctx.protected_args), *ctx.args]
+            if args and (command := self.get_command(ctx, args[0])) is not None:
+                _given_once(command, args[1:])
             return super().invoke(ctx)
+
+
+def _given_once(command: Any, args: list[str]) -> None:
+    """Refuse a flag that takes one value given twice (``--beam 3 --beam 5``): click would keep the last silently."""
+    single = {
+        opt: param.name
+        for param in command.params
+        if getattr(param, "multiple", True) is False and not getattr(param, "count", False)
+        for opt in (*param.opts, *param.secondary_opts)
+    }
+    first: dict[str, str] = {}
+    for token in args:
+        if token == "--":
+            return
+        name = token.split("=", 1)[0]
+        if name in single:
+            if single[name] in first:
+                also = "" if first[single[name]] == name else f" (as {first[single[name]]} first)"
+                fail(f"{name} is given twice{also}; it takes one value: give it once")
+            first[single[name]] = name
 
 
 @contextlib.contextmanager

@@ -76,6 +76,8 @@ def check_reports(reports: list[Path], overwrite: bool, inputs: Iterable[Path | 
 def check_folder(folder: Path, flag: str) -> None:
     """A folder that exists and that this process may write into."""
     folder = folder if str(folder) else Path(".")
+    if folder.exists() and not folder.is_dir():
+        fail(f"{flag}: '{folder}' is a file, not a folder; name a folder to write the reports into")
     if not folder.is_dir():
         fail(f"{flag}: folder '{folder}' does not exist; create it or choose another place")
     if not os.access(folder, os.W_OK | os.X_OK):

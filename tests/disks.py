@@ -18,3 +18,14 @@ def mount_tmpfs(folder: Path, size: str) -> bool:
 
 def unmount(folder: Path) -> None:
     subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+def mount_read_only(folder: Path) -> bool:
+    """Mount ``folder`` read-only over itself (a bind mount, so root's writes fail too); False where not allowed."""
+    bind = subprocess.run(["mount", "--bind", str(folder), str(folder)], capture_output=True).returncode == 0
+    if not bind:
+        return False
+    if subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)], capture_output=True).returncode != 0:
+        unmount(folder)
+        return False
+    return True

@@ -99,3 +99,23 @@ def test_a_multilingual_run_averages_into_a_checkpoint_that_translates_each_dire
     assert translator.targets == ["de", "en"]
     for target in ("de", "en"):
         assert len(list(translator.to(target).translate(["Ein Hund.", "A dog."]))) == 2
+
+
+def test_a_step_of_another_run_among_the_checkpoints_is_refused_naming_what_differs(tmp_path):
+    """A step checkpoint copied in from a run of another seed: its weights are another model's, so the mean would be
+    noise; refused before anything is written."""
+    from tiny import run_trainer, tiny_config
+
+    ours = run_trainer(tiny_config(tmp_path / "a", train={"max_steps": 4, "save_every": 2})).run_dir
+    theirs = run_trainer(tiny_config(tmp_path / "b", seed=2, train={"max_steps": 6, "save_every": 6})).run_dir
+    shutil.copytree(theirs / "checkpoints" / "step_6", ours / "checkpoints" / "step_6")
+    with pytest.raises(CheckpointError, match=r"come from different runs \(seed: 1 and 2\)"):
+        average(ours, 3, tmp_path / "avg")
+    assert not (tmp_path / "avg").exists()
+
+
+def test_an_output_that_is_a_symlink_loop_is_one_line(run, tmp_path):
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    with pytest.raises(CheckpointError, match="is a symlink loop"):
+        average(run, 2, loop)

@@ -24,7 +24,7 @@ from transformer.text.batching import (
     source_tensor,
     static_rows,
 )
-from transformer.text.corpus import Corpus
+from transformer.text.corpus import Corpus, load_split
 from transformer.text.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -275,3 +275,15 @@ def test_padding_fraction_counts_the_empty_rows_of_static_batches(
         pads += int((batch.src == multi30k_tokenizer.pad_id).sum() + (batch.tgt_out == multi30k_tokenizer.pad_id).sum())
         cells += batch.src.numel() + batch.tgt_out.numel()
     assert static == pytest.approx(pads / cells)
+
+
+def test_a_damaged_token_cache_is_encoded_again(sample_cfg, sample_tokenizer, tmp_path):
+    """The cache is tfm's own derived data: a torn or garbled file is made anew, not a traceback."""
+    corpus = load_split(sample_cfg, "valid")
+    first = encode_corpus(corpus, sample_tokenizer, 100, tmp_path)
+    n, pair, path = len(first), first.pair(3), first.path
+    path.write_bytes(path.read_bytes()[:100])
+    again = encode_corpus(corpus, sample_tokenizer, 100, tmp_path)
+    assert len(again) == n and again.pair(3) == pair
+    path.with_suffix(".json").write_text("{not json")
+    assert encode_corpus(corpus, sample_tokenizer, 100, tmp_path).pair(3) == pair

@@ -437,3 +437,15 @@ def test_yaml_syntax_error_names_file_line_and_column(tmp_path):
     r = CliRunner().invoke(app, ["train", "--config", str(bad)])
     assert r.exit_code == 2 and isinstance(r.exception, SystemExit)
     assert f"{bad}: YAML syntax error at line 4, column 2" in one_error_line(r.stderr)
+
+
+@pytest.mark.parametrize(
+    "args, flag",
+    [
+        (["translate", "x", "--beam", "3", "--beam", "5"], "--beam"),
+        (["train", "-c", "small", "--config=big"], "--config"),
+    ],
+)
+def test_a_flag_of_one_value_given_twice_is_refused_not_silently_the_last(args, flag):
+    r = tfm(*args)
+    assert r.returncode == 2 and f"{flag} is given twice" in r.stderr and "Traceback" not in r.stderr

@@ -314,3 +314,17 @@ def test_directions_name_the_pairs_a_run_trains():
     cfg = config_file.from_dict({}, ["data.directions=[de-en, fr-en]"])
     assert cfg.data.pairs() == [("de", "en"), ("fr", "en")] and cfg.data.tagged
     assert config.Config().data.pairs() == [("de", "en")] and not config.Config().data.tagged
+
+
+def test_a_file_of_ten_thousand_plain_keys_is_not_called_nested_anchors(tmp_path):
+    path = tmp_path / "big.yaml"
+    path.write_text("".join(f"key{i}: {i}\n" for i in range(10_001)))
+    with pytest.raises(ConfigError, match="holds over 10,000 values; a config is a few dozen key: value lines"):
+        config_file.load(path)
+
+
+def test_a_huge_override_key_is_cut_in_the_message():
+    for item in ("k" * 100_000 + "=1", "k" * 100_000):
+        with pytest.raises(ConfigError) as e:
+            config_file.from_dict({}, [item])
+        assert len(str(e.value)) < 160

@@ -26,6 +26,7 @@ def test_multi30k_offline_names_missing_files(tmp_path: Path, monkeypatch: pytes
 
     monkeypatch.setattr(multi30k, "_download", offline)
     monkeypatch.setenv("TFM_MULTI30K", str(tmp_path / "m30k"))
+    (tmp_path / "m30k").mkdir()
     with pytest.raises(DataError) as e:
         load_split(DataConfig(format="multi30k"), "train")
     message = one_line_error(e)
@@ -38,3 +39,10 @@ def test_multi30k_downloads_missing_files(tmp_path: Path, multi30k_dir: Path, mo
     monkeypatch.delenv("TFM_MULTI30K")
     c = load_split(DataConfig(format="multi30k", path=str(tmp_path)), "val")
     assert len(c) == 1014 and sorted(p.name for p in tmp_path.iterdir()) == ["val.de.gz", "val.en.gz"]
+
+
+def test_a_folder_that_does_not_exist_is_named_and_never_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TFM_MULTI30K", str(tmp_path / "x" / "nowhere" / "m30k"))
+    with pytest.raises(DataError, match=r"Multi30k folder .*nowhere/m30k \(TFM_MULTI30K\) does not exist"):
+        load_split(DataConfig(format="multi30k"), "train")
+    assert list(tmp_path.iterdir()) == []

@@ -154,3 +154,14 @@ def test_validation_bleu_gets_a_minutes_axis_with_the_20th_minute_marked():
         "20 min: BLEU 9.0 at minute 20",
         "best: BLEU 12.5 at minute 40",
     ]
+
+
+def test_a_damaged_log_line_is_skipped_and_the_intact_ones_plotted(tmp_path):
+    """A line that is not UTF-8 (a torn write, another program's bytes) tells nothing: the rest still reads."""
+    good = [json.dumps({"step": s, "kind": "train", "loss": 1.0 / s, "lr": 1e-3}) for s in (1, 2)]
+    (tmp_path / "log.jsonl").write_bytes(good[0].encode() + b"\n\xff\xfe{\x80 torn\n" + good[1].encode() + b"\n")
+    assert [e["step"] for e in plots.read_log(tmp_path)["train"]] == [1, 2]
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "log.jsonl").mkdir()
+    with pytest.raises(plots.PlotError, match="cannot be read"):
+        plots.read_log(tmp_path / "dir")

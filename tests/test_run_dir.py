@@ -203,3 +203,28 @@ def test_kill_9_then_resume_continues_from_the_last_complete_checkpoint(tmp_path
     assert f"resumed from {last} at step {n}" in messages and step == n + 2
     assert any(f"removed {leftover.name}" in m for m in messages)
     assert not [p.name for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]
+
+
+def test_a_damaged_record_leaves_an_intact_run_resumable_and_a_folder_in_its_place_is_one_line(tmp_path):
+    """.tfm-files that is not UTF-8 JSON is tfm's own record, damaged: the run's files are unknown, never foreign, so
+    --resume goes on; a folder named .tfm-files is refused in one line that says what to do, and nothing changes."""
+    cfg = tiny_config(tmp_path, train={"max_steps": 2, "save_every": 2})
+    run_trainer(cfg)
+    record = cfg.out_dir / manifest.MANIFEST
+    record.write_bytes(b"\xff\xfe\x00 not a record")
+    assert run_trainer(tiny_config(tmp_path, train={"max_steps": 3, "save_every": 3}), resume=True).state.step == 3
+    record.unlink()
+    record.mkdir()
+    before = sorted(p.name for p in cfg.out_dir.rglob("*"))
+    with pytest.raises(TrainError, match=r"its record \.tfm-files is a folder, which tfm never makes; move it out"):
+        run_trainer(tiny_config(tmp_path, train={"max_steps": 4}), resume=True)
+    assert sorted(p.name for p in cfg.out_dir.rglob("*")) == before
+
+
+def test_a_refused_start_in_an_empty_folder_of_the_users_leaves_it_as_it_was(tmp_path):
+    """The folder stays; the lock, the record and the tokenizer the start wrote go."""
+    mine = tmp_path / "tiny"
+    mine.mkdir()
+    with pytest.raises(TrainError, match="holds no training pair"):
+        run_trainer(tiny_config(tmp_path, train={"batch_tokens": 2}))
+    assert mine.is_dir() and list(mine.iterdir()) == []

@@ -121,3 +121,16 @@ def test_attention_requests_out_of_type_or_range_are_refused(sample_tokenizer, o
 
 def test_attention_defaults_to_the_last_layer(sample_tokenizer):
     assert check_attention(json.loads('{"text": "Ein Mann."}'), sample_tokenizer, 64, 2).layer == 2
+
+
+def test_a_huge_integer_is_not_echoed_back_whole(sample_tokenizer):
+    """A number of thousands of digits (past what Python reads from text) and one of hundreds: the answer is one
+    short line either way."""
+    with pytest.raises(RequestError, match="has thousands of digits") as e:
+        read_json(b'{"text": ["a"], "beam": ' + b"9" * 5000 + b"}")
+    assert len(str(e.value)) < 120
+    for key in ("beam", "nbest", "alpha"):
+        obj = read_json(b'{"text": ["a"], "%s": ' % key.encode() + b"9" * 400 + b"}")
+        with pytest.raises(RequestError) as e:
+            check_translate(obj, Limits(), sample_tokenizer, 100, DecodeConfig())
+        assert e.value.status == 422 and "999999999999..." in str(e.value) and len(str(e.value)) < 160

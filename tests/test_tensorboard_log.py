@@ -5,6 +5,7 @@ import sys
 
 import pytest
 import yaml
+from disks import mount_read_only, unmount
 from events import INSTALLED, assert_events_match_log, read_events, scalars
 from tiny import run_trainer, tiny_config
 from typer.testing import CliRunner
@@ -109,3 +110,20 @@ def test_true_without_tensorboard_is_refused_in_one_line(no_tensorboard, tmp_pat
     assert (
         r.exit_code == 2 and r.stderr.startswith("error: train.tensorboard: true, but") and "Traceback" not in r.stderr
     )
+
+
+@needs_tensorboard
+def test_a_read_only_events_folder_on_resume_is_one_line_and_the_run_stays_resumable(tmp_path):
+    cfg = tiny_config(tmp_path, train={"max_steps": 2, "save_every": 2})
+    run_trainer(cfg)
+    events = cfg.out_dir / FOLDER
+    before = sorted(p.name for p in events.iterdir())
+    if not mount_read_only(events):
+        pytest.skip("cannot mount a read-only folder here")
+    try:
+        with pytest.raises(TrainError, match=r"tensorboard cannot be written .*set train.tensorboard: false"):
+            run_trainer(tiny_config(tmp_path, train={"max_steps": 3}), resume=True)
+    finally:
+        unmount(events)
+    assert sorted(p.name for p in events.iterdir()) == before
+    assert run_trainer(tiny_config(tmp_path, train={"max_steps": 3}), resume=True).state.step == 3

@@ -28,6 +28,7 @@ from transformer.config import Config
 from transformer.errors import CheckpointError, ConfigError, DataError, WriteError
 from transformer.model.transformer import Transformer
 from transformer.runtime.memory import check_fits
+from transformer.storage import manifest
 from transformer.storage.files import atomic_dir, remove_dir
 from transformer.text.tokenizer import Tokenizer
 
@@ -155,9 +156,24 @@ def check_files(path: Path, *names: str) -> None:
         raise CheckpointError(f"checkpoint '{path}' not found; pass a checkpoint directory, e.g. runs/<name>/best")
     missing = [n for n in names if not (path / n).is_file()]
     if missing:
-        raise CheckpointError(
-            f"checkpoint '{path}' lacks {', '.join(missing)}; it is incomplete, use another checkpoint"
-        )
+        lacks = f"lacks {', '.join(missing)}; it is incomplete, use another checkpoint"
+        raise CheckpointError(f"checkpoint '{path}' {_what_else(path) or lacks}")
+
+
+def _what_else(path: Path) -> str | None:
+    """What a folder given as a checkpoint is instead, and which checkpoint to give: a run, its checkpoints folder,
+    an export; None for a folder that looks like none of them."""
+    steps = step_dirs(path)
+    if (path / "best" / META).is_file() or steps:
+        best = path / "best" if (path / "best" / META).is_file() else steps[-1]
+        return f"is a run directory, not a checkpoint; give one of its checkpoints, e.g. {best}"
+    inside = step_dirs(path.parent) if path.name == "checkpoints" else []
+    if inside:
+        return f"is a run's folder of step checkpoints; give one of them, e.g. {inside[-1]}"
+    kind = manifest.kind(path)
+    if kind == "export" or (path / "config.json").is_file() or (path / "model.bin").is_file():
+        return "is an exported model (for transformers or CTranslate2); give the checkpoint it was exported from"
+    return None
 
 
 def load(path: str | Path, device: str | torch.device = "cpu") -> Loaded:

@@ -8,6 +8,7 @@ values its aliases expand to are bounded, so that no YAML can grow without bound
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +34,13 @@ def overrides_to_dict(overrides: list[str]) -> dict[str, Any]:
     nested: dict[str, Any] = {}
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(f"override '{item}' is not key=value; write e.g. --set train.warmup=200")
+            shown = item if len(item) <= 60 else f"{item[:40]}..."
+            raise ConfigError(f"override '{shown}' is not key=value; write e.g. --set train.warmup=200")
         key, text = item.split("=", 1)
+        if len(key) > 200:
+            raise ConfigError(
+                f"override key '{key[:40]}...' is {len(key):,} characters; keys are names such as train.warmup"
+            )
         node = nested
         parts = key.strip().split(".")
         for part in parts[:-1]:
@@ -122,13 +128,30 @@ def _expanded(node: yaml.Node, sizes: dict[int, int], open_: set[int]) -> int:
         children = [n for pair in node.value for n in pair]
     size = 1 + sum(_expanded(child, sizes, open_) for child in children)
     if size > MAX_VALUES:
-        raise ConfigError(
+        written = sum(1 for _ in _nodes(node, set()))
+        why = (
             f"aliases expand to over {MAX_VALUES:,} values (nested anchors, line {node.start_mark.line + 1}); "
             "a config is plain key: value lines, write them out"
+            if written <= MAX_VALUES
+            else f"it holds over {MAX_VALUES:,} values; a config is a few dozen key: value lines, give one"
         )
+        raise ConfigError(why)
     open_.discard(key)
     sizes[key] = size
     return size
+
+
+def _nodes(node: yaml.Node, seen: set[int]) -> Iterator[yaml.Node]:
+    """Each node written under ``node``, once (an alias's target is not counted again)."""
+    if id(node) in seen:
+        return
+    seen.add(id(node))
+    yield node
+    children = node.value if isinstance(node, yaml.SequenceNode) else []
+    if isinstance(node, yaml.MappingNode):
+        children = [n for pair in node.value for n in pair]
+    for child in children:
+        yield from _nodes(child, seen)
 
 
 def load(path: str | Path, overrides: list[str] | None = None) -> Config:

@@ -64,8 +64,9 @@ def _verdict(
     speed = speedups(seconds)
     precision = choose(speed)
     others = " and ".join(f"{name} at {speed[name]:.2f}x" for name in names if name != "fp32")
-    log(f"precision auto: against fp32, {others} {verb} on this CPU, so {precision} (kept in {cache_path()})")
-    remember(key, {"precision": precision, **{f"{name}_s": seconds[name] for name in names}})
+    kept = remember(key, {"precision": precision, **{f"{name}_s": seconds[name] for name in names}})
+    where = f"kept in {cache_path()}" if kept else f"could not keep it in {cache_path()}: measured again next time"
+    log(f"precision auto: against fp32, {others} {verb} on this CPU, so {precision} ({where})")
     return precision
 
 
@@ -195,8 +196,9 @@ def recall(key: str) -> dict | None:
     return verdict if isinstance(verdict, dict) else None
 
 
-def remember(key: str, verdict: dict) -> None:
-    """Keep ``verdict`` under ``key``, beside the others; an unwritable cache only means measuring again."""
+def remember(key: str, verdict: dict) -> bool:
+    """Keep ``verdict`` under ``key``, beside the others; whether it was kept (an unwritable cache only means
+    measuring again)."""
     cache = _read()
     cache[key] = verdict
     try:
@@ -204,4 +206,5 @@ def remember(key: str, verdict: dict) -> None:
         with atomic_file(cache_path()) as f:
             f.write(json.dumps(cache, indent=2) + "\n")
     except OSError:
-        pass
+        return False
+    return True

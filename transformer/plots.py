@@ -60,14 +60,18 @@ def _save(fig: Figure, output: Path) -> Path:
 def read_log(run_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
     """The run's ``log.jsonl`` as 'train' and 'valid' entries by step; a resumed run's repeated steps keep the last."""
     path = Path(run_dir) / "log.jsonl"
-    if not path.is_file():
+    if not path.exists():
         raise PlotError(f"{path} not found; pass a run directory such as runs/<name> (tfm train writes log.jsonl)")
     by_step: dict[str, dict[int, dict[str, Any]]] = {"train": {}, "valid": {}}
-    for line in path.read_text(encoding="utf-8").splitlines():
+    try:
+        lines = path.read_bytes().splitlines()
+    except OSError as e:
+        raise PlotError(f"{path} cannot be read ({e.strerror}); tfm train writes it as a file: restore it") from None
+    for line in lines:
         try:
-            entry = json.loads(line)
-        except ValueError:
-            continue  # a line cut short by a crash
+            entry = json.loads(line.decode("utf-8"))
+        except ValueError:  # UnicodeDecodeError too: a damaged line, or one cut short by a crash, tells nothing
+            continue
         if isinstance(entry, dict) and entry.get("kind") in by_step and "step" in entry:
             by_step[entry["kind"]][entry["step"]] = entry
     if not by_step["train"] and not by_step["valid"]:

@@ -71,6 +71,8 @@ def read_json(body: bytes) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except ValueError as e:
+        if "digits" in str(e):  # Python's bound on the digits of an int read from text
+            raise RequestError(400, "a number in the body has thousands of digits; send numbers such as 5") from None
         raise RequestError(400, f"the body is not valid JSON ({e}); send an object such as {EXAMPLE}") from None
     except RecursionError:
         raise RequestError(400, "the body's JSON is nested too deeply; send an object such as " + EXAMPLE) from None
@@ -93,7 +95,9 @@ def _integer(obj: dict[str, Any], key: str, default: int) -> int:
 
 def _in_range(key: str, value: int, low: int, high: int, why: str) -> int:
     if not low <= value <= high:
-        raise RequestError(422, f"{key} {value} is out of range; it must be {low} to {high} ({why})")
+        digits = len(str(value))
+        shown = value if digits <= 20 else f"{str(value)[:12]}... ({digits:,} digits)"
+        raise RequestError(422, f"{key} {shown} is out of range; it must be {low} to {high} ({why})")
     return value
 
 
@@ -102,7 +106,8 @@ def _alpha(obj: dict[str, Any], default: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise RequestError(400, f"alpha must be a number, not {json.dumps(value)[:40]}")
     if (want := out_of_range("decode.alpha", value)) is not None:  # the range a config file's decode.alpha meets
-        raise RequestError(422, f"alpha {value} is out of range; it must be {want}, e.g. 0.6")
+        shown = value if len(str(value)) <= 20 else f"{str(value)[:12]}..."
+        raise RequestError(422, f"alpha {shown} is out of range; it must be {want}, e.g. 0.6")
     return float(value)
 
 

@@ -173,7 +173,10 @@ def encode_corpus(
     path = Path(cache_dir) / f"{re.sub(r'[^A-Za-z0-9_.-]+', '-', corpus.name)}-{key}.arrow"
     meta = path.with_suffix(".json")
     if meta.is_file() and path.is_file():
-        return EncodedCorpus(open_arrow(path), int(json.loads(meta.read_text())["dropped_long"]), path)
+        try:
+            return EncodedCorpus(open_arrow(path), int(json.loads(meta.read_text())["dropped_long"]), path)
+        except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):  # tfm's own cache, damaged: made anew
+            log.warning("%s: its cached token ids in %s are damaged; encoding it again", corpus.name, path)
     dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
     schema = pa.schema(
         [

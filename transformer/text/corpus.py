@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,9 +25,9 @@ import pyarrow.compute as pc
 from transformer.config import DataConfig
 from transformer.errors import DataError
 from transformer.text.arrow_files import ARROW_ROWS, cached_pairs
-from transformer.text.formats import Pairs, read_jsonl, read_text, read_tsv
+from transformer.text.formats import Pairs, one_file, pair_files, read_jsonl, read_text, read_tsv
 from transformer.text.hub import read_hub
-from transformer.text.multi30k import read_multi30k
+from transformer.text.multi30k import check_folder, read_multi30k
 
 ARROW_ABOVE_BYTES = 64 * 2**20
 _GZ_RATIO = 4  # how much larger than its file a gzipped corpus is, roughly, as text
@@ -99,6 +100,17 @@ def load_split(cfg: DataConfig, split: str) -> Corpus:
         raise DataError(f"data.format '{cfg.format}' is unknown; use one of {', '.join([*_READERS, 'hf'])}")
     pairs, files = _READERS[cfg.format](cfg, split)
     return _collect(pairs, cfg, split, files)
+
+
+def locate(cfg: DataConfig) -> None:
+    """Refuse, before anything slow, a local corpus whose training files are not where ``cfg`` says (a DataError
+    naming them); reads nothing and makes nothing."""
+    if cfg.format == "multi30k":
+        check_folder(Path(os.environ.get("TFM_MULTI30K") or cfg.path))
+    elif cfg.format == "text":
+        pair_files(Path(cfg.path), cfg.train_split, cfg)
+    elif cfg.format in ("tsv", "jsonl"):
+        one_file(cfg, cfg.train_split, cfg.format)
 
 
 def _holdout(cfg: DataConfig, split: str) -> Corpus:

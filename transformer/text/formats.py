@@ -20,10 +20,14 @@ Pairs = Iterator[tuple[str, str]]
 
 
 def find(folder: Path, stem: str) -> Path | None:
-    """``folder/stem`` or ``folder/stem.gz``, whichever exists."""
+    """``folder/stem`` or ``folder/stem.gz``, whichever exists; one that is not a regular file is refused, naming
+    what it is."""
     for p in (folder / stem, folder / f"{stem}.gz"):
         if p.is_file():
             return p
+        if p.exists():
+            what = "a folder" if p.is_dir() else "a named pipe (FIFO)" if p.is_fifo() else "not a regular file"
+            raise DataError(f"{p} is {what}; tfm reads a corpus from files, more than once: save it as a file there")
     return None
 
 
@@ -36,9 +40,12 @@ def read_lines(path: Path) -> Iterator[str]:
                 try:
                     line = raw.decode("utf-8")
                 except UnicodeDecodeError as e:
+                    utf16 = n == 1 and raw[:2] in (b"\xff\xfe", b"\xfe\xff") or b"\x00" in raw
+                    source = "utf-16" if utf16 else "latin1"
                     raise DataError(
-                        f"{path}:{n}: invalid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
-                        "convert the file to UTF-8, e.g. iconv -f latin1 -t utf-8"
+                        f"{path}:{n}: invalid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})"
+                        + ("; it looks like UTF-16" if utf16 else "")
+                        + f"; convert the file to UTF-8, e.g. iconv -f {source} -t utf-8"
                     ) from None
                 yield (line[1:] if n == 1 and line.startswith("\ufeff") else line).rstrip("\r\n")
     except (OSError, EOFError) as e:
@@ -119,7 +126,7 @@ def pair_files(folder: Path, split: str, cfg: DataConfig) -> tuple[Path, Path]:
     return src, tgt
 
 
-def _one_file(cfg: DataConfig, split: str, ext: str) -> Path:
+def one_file(cfg: DataConfig, split: str, ext: str) -> Path:
     """The file holding ``split``: cfg.path itself (train split only) or ``{path}/{split}.{ext}[.gz]``."""
     p = Path(cfg.path)
     if p.is_file():
@@ -143,11 +150,11 @@ def read_text(cfg: DataConfig, split: str) -> tuple[Pairs, list[Path]]:
 
 def read_tsv(cfg: DataConfig, split: str) -> tuple[Pairs, list[Path]]:
     """``data.format: tsv``: one tab-separated file per split, or one file cut by ``data.holdout``."""
-    path = _one_file(cfg, split, "tsv")
+    path = one_file(cfg, split, "tsv")
     return _tsv_pairs(path, cfg), [path]
 
 
 def read_jsonl(cfg: DataConfig, split: str) -> tuple[Pairs, list[Path]]:
     """``data.format: jsonl``: one JSON-lines file per split, or one file cut by ``data.holdout``."""
-    path = _one_file(cfg, split, "jsonl")
+    path = one_file(cfg, split, "jsonl")
     return _jsonl_pairs(path, cfg), [path]

@@ -18,6 +18,7 @@ MULTI30K_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw"
 def read_multi30k(cfg: DataConfig, split: str) -> tuple[Pairs, list[Path]]:
     """``data.format: multi30k``: the split's files in TFM_MULTI30K or ``data.path``, fetched if missing."""
     folder = Path(os.environ.get("TFM_MULTI30K") or cfg.path)
+    check_folder(folder)
     langs = (cfg.src_lang, cfg.tgt_lang)
     missing = [f"{split}.{lang}.gz" for lang in langs if find(folder, f"{split}.{lang}") is None]
     for i, name in enumerate(missing):
@@ -30,6 +31,16 @@ def read_multi30k(cfg: DataConfig, split: str) -> tuple[Pairs, list[Path]]:
             ) from None
     src, tgt = pair_files(folder, split, cfg)
     return text_pairs(src, tgt), [src, tgt]
+
+
+def check_folder(folder: Path) -> None:
+    """The folder Multi30k is read from (and missing files downloaded into) exists: a reader never makes one."""
+    if not folder.is_dir():
+        named = "TFM_MULTI30K" if os.environ.get("TFM_MULTI30K") else "data.path"
+        raise DataError(
+            f"Multi30k folder {folder} ({named}) does not exist; point {named} at the folder that holds Multi30k, "
+            "or create it (missing files are then downloaded into it)"
+        )
 
 
 def _download(url: str, dest: Path) -> None:

@@ -13,8 +13,26 @@ import os
 from pathlib import Path
 
 from transformer import checkpoint
+from transformer.config_file import to_dict
 from transformer.errors import CheckpointError
 from transformer.storage.files import check_apart, check_replaceable, output_path
+
+# What makes checkpoints one run's: the same seed, model, data and tokenizer (train settings may change on resume).
+_SAME = ("seed", "model", "data", "tokenizer")
+
+
+def _check_one_run(paths: list[Path]) -> None:
+    """Checkpoints whose weights can be averaged: written by one run, so one seed, model, data and tokenizer (their
+    configs say so); else one line naming what differs."""
+    configs = [to_dict(checkpoint.read_config(p)) for p in paths]
+    for path, cfg in zip(paths[:-1], configs[:-1]):
+        if differ := [k for k in _SAME if cfg[k] != configs[-1][k]]:
+            key = differ[0]
+            shown = (cfg[key], configs[-1][key]) if key == "seed" else ("one", "another")
+            raise CheckpointError(
+                f"{path} and {paths[-1]} come from different runs ({key}: {shown[0]} and {shown[1]}); average only "
+                "checkpoints of one run"
+            )
 
 
 def average(run_dir: str | Path, last: int, output: str | Path, overwrite: bool = False) -> Path:
@@ -30,12 +48,17 @@ def average(run_dir: str | Path, last: int, output: str | Path, overwrite: bool 
             f"{run_dir} keeps only {len(dirs)} step checkpoints ({', '.join(d.name for d in dirs)}); "
             f"use --last {len(dirs)} or train with a larger train.keep_last"
         )
-    if output.resolve().is_relative_to((run_dir / "checkpoints").resolve()) or output.resolve() == run_dir.resolve():
+    try:
+        where = output.resolve()
+    except (RuntimeError, OSError):  # a symlink loop: Python 3.11 raises RuntimeError, later ones OSError
+        raise CheckpointError(f"--output '{output}' is a symlink loop; remove it or choose another --output") from None
+    if where.is_relative_to((run_dir / "checkpoints").resolve()) or where == run_dir.resolve():
         raise CheckpointError(
             f"--output '{output}' would replace the run or one of its resumable checkpoints; "
             f"write the average elsewhere, e.g. {run_dir / f'avg{last}'}"
         )
     chosen = dirs[-last:]
+    _check_one_run(chosen)
     check_apart(output, [f for d in chosen for f in checkpoint.read_files(d, resumable=True)], folder=True)
     check_replaceable(output_path(output), checkpoint.AVERAGE)
     if os.path.lexists(output) and not overwrite:

@@ -51,20 +51,28 @@ EARLIER_NAMES = re.compile(rf"{_OWN}|\.{_OWN}\.(tmp-\d+|old-\d+|\w{{8}})|\.lock"
 def locked(run_dir: Path) -> Iterator[None]:
     """Hold ``run_dir`` for this process while the block runs, making it (and its record) if need be.
 
-    A folder that is no run of tfm's is refused before anything is written into it. A run directory this start
-    made is removed again if the start fails before a checkpoint: a refused start leaves nothing behind.
+    A folder that is no run of tfm's is refused before anything is written into it. A start that fails before a
+    checkpoint leaves nothing behind: a run directory it made is removed again, and from an empty folder of the
+    user's that it made a run of, what it wrote (its record and lock among them) is removed and the folder stays.
     """
     _refuse_foreign(run_dir)
     made = [p for p in (run_dir, *run_dir.parents) if not p.exists()]  # this folder and the ones above it made here
     run_dir.mkdir(parents=True, exist_ok=True)
-    if manifest.read(run_dir) is None:
+    recorded = manifest.read(run_dir) is None  # the record, and so every file in the folder, is this start's
+    if recorded:
         manifest.create(run_dir, RUN, FOLDERS, UNITS)
     try:
         with _flock(run_dir):
             yield
     except BaseException:
-        if made and not holds_work(run_dir) and manifest.first_foreign(run_dir) is None:
-            manifest.delete(run_dir)
+        if (made or recorded) and not holds_work(run_dir) and manifest.first_foreign(run_dir) is None:
+            if made:
+                manifest.delete(run_dir)
+            else:
+                for entry in run_dir.iterdir():
+                    if entry.name != manifest.MANIFEST:
+                        manifest.delete(entry) if entry.is_dir() else entry.unlink()
+                (run_dir / manifest.MANIFEST).unlink(missing_ok=True)
             for parent in made[1:]:  # run_dir's own parents, if nothing else came into them (a token cache)
                 with contextlib.suppress(OSError):
                     parent.rmdir()
@@ -138,7 +146,14 @@ def _refuse_foreign(run_dir: Path) -> None:
     are the names an earlier tfm wrote in a run)."""
     if not run_dir.is_dir() or manifest.kind(run_dir) == RUN:
         return
-    if others := sorted(p.name for p in run_dir.iterdir() if not EARLIER_NAMES.fullmatch(p.name)):
+    if (run_dir / manifest.MANIFEST).is_dir():
+        raise TrainError(
+            f"run directory {run_dir}: its record {manifest.MANIFEST} is a folder, which tfm never makes; move it out "
+            "of the run directory (tfm reads nothing from it) and run again"
+        )
+    # a record that cannot be read (damaged) is tfm's own: the run's files are then unknown, never foreign
+    names = (p.name for p in run_dir.iterdir() if p.name != manifest.MANIFEST)
+    if others := sorted(name for name in names if not EARLIER_NAMES.fullmatch(name)):
         shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
         raise TrainError(
             f"run directory {run_dir} holds files tfm did not write ({shown}), which it never deletes; "

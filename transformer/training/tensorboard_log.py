@@ -9,6 +9,7 @@ the checkpoint resumed from, as the resumed run logs those updates again.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,20 @@ def wanted(setting: bool | None) -> bool:
     return False
 
 
+def _check_writable(folder: Path) -> None:
+    """The events folder can be written into (its writer writes from a thread of its own, whose failure would be a
+    traceback, not tfm's line): a file is made there and removed."""
+    try:
+        folder.mkdir(exist_ok=True)
+        probe = folder / f".probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise TrainError(
+            f"{folder} cannot be written ({e.strerror or e}); make it writable, or set train.tensorboard: false"
+        ) from None
+
+
 class TensorBoardLog:
     """Writes a run's records as scalars into ``<run_dir>/tensorboard``, from update ``first_step`` on; the run's
     config (YAML) is a text at that step."""
@@ -65,6 +80,7 @@ class TensorBoardLog:
     def __init__(self, run_dir: Path, first_step: int, config_yaml: str) -> None:
         writer = _summary_writer()
         folder = run_dir / FOLDER
+        _check_writable(folder)
         before = set(folder.iterdir()) if folder.is_dir() else set()
         self.writer = writer(str(folder), purge_step=first_step)
         # the event file the writer made: recorded as tfm's (transformer.storage.manifest), as it grows
