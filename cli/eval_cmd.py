@@ -51,7 +51,7 @@ class Asked:
         """The ``tfm eval`` command line that gives a report again, for the report and a model card."""
         args = ["tfm", "eval"] + [arg for path in paths for arg in ("--checkpoint", str(path))]
         o = self.options
-        named = {"--split": self.split, "--src": self.src, "--ref": self.ref, "--beam": o.beam, "--alpha": alpha}
+        named = {"--split": self.split, "--src": self.src, "--ref": self.ref, "--beam": o.get("beam"), "--alpha": alpha}
         named |= {"--data-dir": self.data_dir, "--to": to}
         for option, value in named.items():
             if value is not None:
@@ -92,7 +92,7 @@ def run_eval(
     from_: str | None = None,
 ) -> None:
     """Print BLEU with its signature and chrF, for each direction of a multilingual model (those ``from_`` and
-    ``options.to`` select); write hypotheses and scores JSON to ``output_dir`` (default: the
+    ``options.get("to")`` select); write hypotheses and scores JSON to ``output_dir`` (default: the
     checkpoint's eval/). The scores are printed before anything is written, so a failed write loses no result.
     Several ``alphas`` (length penalties) are scored from one beam search, one report each. Several checkpoints
     decode as an ensemble, scored beside each of them alone; the report goes into the first one's eval/, and a model
@@ -124,11 +124,11 @@ def run_eval(
         sources, references = _read(src), _read(ref)
         if len(sources) != len(references):
             fail(f"{src} has {len(sources)} lines but {ref} has {len(references)}; give one reference per source line")
-        tasks.append((translator.to(options.to), sources, references, src.name))  # a model of several needs --to
+        tasks.append((translator.to(options.get("to")), sources, references, src.name))  # a model of several needs --to
     else:
         data = dataclasses.replace(translator.cfg.data, path=data_dir) if data_dir else translator.cfg.data
         name = split or data.test_split
-        for source, target in _directions(data.pairs(), from_, options.to):
+        for source, target in _directions(data.pairs(), from_, options.get("to")):
             one = direction_data(data, source, target)
             try:
                 corpus = load_split(one, name)

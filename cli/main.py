@@ -7,6 +7,7 @@ exits with code 2. Process-wide settings (OpenMP, threads, oneDNN's cache) come 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -22,6 +23,14 @@ from transformer.storage.files import check_apart
 configure_before_torch()  # before any command loads torch
 
 DECODING_PRECISIONS = "fp32|bf16|fp16|int8|auto (int8: CPU; auto: the fastest here, measured once)"
+
+
+def decode_settings(values: dict) -> dict:
+    """The decode settings among a command's arguments: those named after ``DecodeConfig``'s fields (so a flag is
+    one only if its parameter carries a field's name), given over the checkpoint's."""
+    from transformer.config import DecodeConfig
+
+    return {f.name: values[f.name] for f in dataclasses.fields(DecodeConfig) if f.name in values}
 
 
 def _cores() -> int:
@@ -103,21 +112,38 @@ def translate(
         None, "--batch-tokens", "--batch-size", callback=within("decode.batch_tokens"), help="Source tokens per batch"
     ),
     to: Optional[str] = typer.Option(None, "--to", help="Language to translate into (needed by a model of several)"),
+    sample: Optional[bool] = typer.Option(None, "--sample", help="Draw each token from the model instead of searching"),
+    temperature: Optional[float] = typer.Option(
+        None, "--temperature", callback=within("decode.temperature"), help="Sampling: logits over this (default 1)"
+    ),
+    top_k: Optional[int] = typer.Option(
+        None, "--top-k", callback=within("decode.top_k"), help="Sampling: from the K most probable tokens only"
+    ),
+    top_p: Optional[float] = typer.Option(
+        None, "--top-p", callback=within("decode.top_p"), help="Sampling: from the tokens holding P of the probability"
+    ),
+    seed: Optional[int] = typer.Option(
+        None, "--seed", callback=within("decode.seed"), help="Sampling: with each line's number, seeds its draws"
+    ),
+    align_layer: Optional[int] = typer.Option(
+        None, "--align-layer", callback=within("decode.align_layer"), help="Layer --align reads (default: the last)"
+    ),
+    align: bool = typer.Option(False, "--align", help="Print each line's word alignment: 'text ||| i-j ...'"),
+    prefix: Optional[str] = typer.Option(None, "--prefix", help="Start every translation with this text"),
+    prefix_file: Optional[Path] = typer.Option(None, "--prefix-file", help="One prefix a line, one per input line"),
     device: str = typer.Option("auto", "--device", help="auto|cpu|cuda|cuda:N|mps"),
     precision: str = typer.Option("fp32", "--precision", help=DECODING_PRECISIONS),
     runs: Path = typer.Option(Path("runs"), "--runs", help="Where to look for the newest run"),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --output file"),
 ) -> None:
-    """Translate a sentence, a file or stdin with a trained checkpoint."""
+    """Translate a sentence, a file or stdin with a trained checkpoint: beam search, greedy search or sampling."""
     from cli.translate_cmd import run_translate
     from transformer.decoding.translator import TranslateOptions
 
     with user_errors():
         beam = 1 if greedy else beam
-        options = TranslateOptions(
-            device, precision, beam=beam, nbest=nbest, alpha=alpha, batch_tokens=batch_tokens, to=to
-        )
-        run_translate(text, checkpoint, input_, output, runs, overwrite, options)
+        options = TranslateOptions(device, precision, **decode_settings(locals()))
+        run_translate(text, checkpoint, input_, output, runs, overwrite, options, align, prefix, prefix_file)
 
 
 @app.command()
@@ -146,7 +172,7 @@ def serve(
     from transformer.decoding.translator import TranslateOptions
 
     with user_errors():
-        options = TranslateOptions(device, precision, nbest=1, batch_tokens=batch_tokens)
+        options = TranslateOptions(device, precision, **decode_settings(locals()), nbest=1)
         run_serve(checkpoint, host, port, max_wait_ms, runs, options)
 
 
@@ -191,8 +217,43 @@ def eval_(
     with user_errors():
         if (src is None) != (ref is None) and hyp is None:
             fail("--src and --ref go together; give both, or neither to use the config's test split")
-        options = TranslateOptions(device, precision, beam=beam, nbest=1, alpha=alpha[0] if alpha else None, to=to)
-        run_eval(checkpoint, split, src, ref, hyp, data_dir, runs, output_dir, alpha, overwrite, options, from_)
+        grid = alpha
+        alpha = grid[0] if grid else None  # the first; tfm eval scores each of a grid from one beam search
+        options = TranslateOptions(device, precision, **decode_settings(locals()), nbest=1)
+        run_eval(checkpoint, split, src, ref, hyp, data_dir, runs, output_dir, grid, overwrite, options, from_)
+
+
+@app.command()
+def score(
+    src: Path = typer.Option(..., "--src", help="Source sentences, one a line"),
+    tgt: Path = typer.Option(..., "--tgt", help="Their translations to score, one a line"),
+    checkpoint: Optional[List[Path]] = typer.Option(
+        None, "--checkpoint", help="Checkpoint directory (default: newest run's best); repeat it for an ensemble"
+    ),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the scores here (default: stdout)"),
+    format_: str = typer.Option("tsv", "--format", help="tsv (line, log-prob, score, tokens) or jsonl"),
+    tokens: bool = typer.Option(False, "--tokens", help="Add each token's log-probability (<END> last)"),
+    alpha: Optional[float] = typer.Option(
+        None, "--alpha", callback=within("decode.alpha"), help="Length penalty of the score (default: the config's)"
+    ),
+    to: Optional[str] = typer.Option(None, "--to", help="A multilingual model's target language"),
+    batch_tokens: Optional[int] = typer.Option(
+        None, "--batch-tokens", callback=within("decode.batch_tokens"), help="Source tokens per batch"
+    ),
+    device: str = typer.Option("auto", "--device", help="auto|cpu|cuda|cuda:N|mps"),
+    precision: str = typer.Option("fp32", "--precision", help=DECODING_PRECISIONS),
+    runs: Path = typer.Option(Path("runs"), "--runs", help="Where to look for the newest run"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --output file"),
+) -> None:
+    """Score given translations: each pair's log-probability under the model (forced decoding, the search's own
+    step), its score as translate prints it (length-normalised) and its BPE tokens, to filter a corpus or rank
+    candidates."""
+    from cli.score_cmd import run_score
+    from transformer.decoding.translator import TranslateOptions
+
+    with user_errors():
+        options = TranslateOptions(device, precision, **decode_settings(locals()))
+        run_score(checkpoint, src, tgt, output, format_, tokens, runs, overwrite, options)
 
 
 @app.command()

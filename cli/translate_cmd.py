@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import sys
 from pathlib import Path
@@ -28,9 +29,13 @@ def _lines(stream: Iterable[bytes], name: str) -> Iterator[str]:
 
 
 def _format(no: int, translation, nbest: int) -> str:
+    """One input line's output: its translation (with `` ||| `` and its alignment, when asked), or its n-best as
+    ``line ||| text ||| score`` lines (then `` ||| `` and each one's alignment)."""
+    links = translation.alignments
     if nbest == 1:
-        return translation.best + "\n"
-    return "".join(f"{no} ||| {t} ||| {s:.4f}\n" for t, s in zip(translation.texts, translation.scores))
+        return translation.best + (f" ||| {links[0] if links else ''}" if links is not None else "") + "\n"
+    rows = zip(translation.texts, translation.scores, links or [None] * len(translation.texts))
+    return "".join(f"{no} ||| {t} ||| {s:.4f}" + (f" ||| {a}" if a is not None else "") + "\n" for t, s, a in rows)
 
 
 @contextlib.contextmanager
@@ -51,9 +56,13 @@ def run_translate(
     runs: Path,
     overwrite: bool,
     options: TranslateOptions,
+    align: bool = False,
+    prefix: str | None = None,
+    prefix_file: Path | None = None,
 ) -> None:
     """Translate ``text``, ``--input`` or stdin into ``--output`` or stdout with one checkpoint or an ensemble of
-    several; every check comes before any work."""
+    several, with word alignments (``align``) and forced prefixes (one ``prefix`` for every line, or ``prefix_file``,
+    one a line); every check comes before any work."""
     from transformer import checkpoint as ckpt
     from transformer.decoding.translator import Translator
 
@@ -61,13 +70,14 @@ def run_translate(
         fail("give either a sentence or --input FILE, not both")
     if input_ is not None:
         check_input(input_)
+    prefixes = _prefixes(prefix, prefix_file, text, input_)
     paths = checkpoints or [ckpt.newest(runs)]
     read = [f for path in paths for f in ckpt.read_files(path)]
     if output is not None:
-        check_output(output, overwrite, (input_, *read))
+        check_output(output, overwrite, (input_, prefix_file, *read))
     else:
-        check_stdout((input_, *read))
-    translator = Translator.from_checkpoint(paths, options).to(options.to)  # a model of several needs --to
+        check_stdout((input_, prefix_file, *read))
+    translator = Translator.from_checkpoint(paths, options).to(options.get("to"))  # a model of several needs --to
     with contextlib.ExitStack() as stack:
         if text is not None:
             lines: Iterator[str] = _lines([os.fsencode(text)], "the sentence")  # argv keeps bad bytes as surrogates
@@ -75,9 +85,9 @@ def run_translate(
             lines = _lines(stack.enter_context(open(input_, "rb")), str(input_))
         else:
             lines = _lines(sys.stdin.buffer, "stdin")
-        count, interrupted = _translate_into(
-            output, translator.translate(lines, chunk=1 if text is not None else 1000), translator.decode.nbest
-        )
+        chunk = 1 if text is not None else 1000
+        translations = translator.translate(lines, chunk, prefixes(lines) if prefixes else None, align)
+        count, interrupted = _translate_into(output, translations, translator.decode.nbest)
     if interrupted:
         print(f"interrupted: {count} complete lines written", file=sys.stderr)
         raise SystemExit(130)
@@ -85,9 +95,37 @@ def run_translate(
         print("note: the input was empty; nothing translated", file=sys.stderr)
 
 
+def _prefixes(prefix: str | None, prefix_file: Path | None, text: str | None, input_: Path | None):
+    """What makes the prefixes of the lines read (a function of them), or None: ``prefix`` for every line, or
+    ``prefix_file``'s lines, which must be as many as the input's (checked now where the input is a file)."""
+    if prefix is not None and prefix_file is not None:
+        fail("--prefix gives every line one prefix and --prefix-file one a line; give one of them")
+    if prefix is not None:
+        return lambda lines: itertools.repeat(prefix)
+    if prefix_file is None:
+        return None
+    check_input(prefix_file, "--prefix-file")
+    starts = list(_lines(prefix_file.open("rb"), str(prefix_file)))
+    count = 1 if text is not None else None
+    if input_ is not None:
+        with open(input_, "rb") as f:
+            count = sum(1 for _ in f)
+    if count is not None and count != len(starts):
+        fail(f"--prefix-file {prefix_file} has {len(starts)} lines and the input {count}; give one prefix a line")
+    return lambda lines: iter(starts)
+
+
 def _translate_into(output: Path | None, translations: Iterator, nbest: int) -> tuple[int, bool]:
-    """Write translations as they come; Ctrl-C keeps the complete lines so far. Returns (lines, interrupted)."""
+    """Write translations as they come (the output opened with the first, so a refusal in it leaves none); Ctrl-C
+    keeps the complete lines so far. Returns (lines, interrupted)."""
     count, interrupted = 0, False
+    translations = iter(translations)
+    try:
+        first = next(translations, None)
+    except KeyboardInterrupt:
+        return 0, True
+    if first is not None:
+        translations = itertools.chain([first], translations)
     try:
         with _output(output) as out:
             try:

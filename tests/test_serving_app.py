@@ -163,7 +163,7 @@ def test_a_body_over_the_limit_is_refused_when_sent_in_chunks_too(url):
 def test_out_of_memory_fails_that_request_only(url, monkeypatch):
     real = Translator.translate_chunk
 
-    def short_of_memory(self, lines, first_line_no=1):
+    def short_of_memory(self, lines, first_line_no=1, prefixes=None, align=False):
         if "Riesig" in lines:
             raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 80000000000 bytes")
         return real(self, lines, first_line_no)

@@ -73,7 +73,7 @@ def test_different_settings_are_never_mixed_and_chunks_stay_within_the_token_bud
 def test_out_of_memory_fails_only_the_request_that_fails_alone(translator, monkeypatch):
     real = Translator.translate_chunk
 
-    def short_of_memory(self, lines, first_line_no=1):
+    def short_of_memory(self, lines, first_line_no=1, prefixes=None, align=False):
         if "Riesig" in lines:
             raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB")
         return real(self, lines, first_line_no)
@@ -99,7 +99,7 @@ def test_a_bug_fails_its_chunk_and_the_worker_goes_on(translator, monkeypatch):
     real = Translator.translate_chunk
     calls = []
 
-    def broken_once(self, lines, first_line_no=1):
+    def broken_once(self, lines, first_line_no=1, prefixes=None, align=False):
         calls.append(lines)
         if len(calls) == 1:
             raise ValueError("a bug")
@@ -169,7 +169,7 @@ def test_the_worker_loads_the_model_and_translates_in_its_own_thread(translator,
         threads.append(threading.current_thread())
         return translator
 
-    def noted(self, lines, first_line_no=1):
+    def noted(self, lines, first_line_no=1, prefixes=None, align=False):
         threads.append(threading.current_thread())
         return real(self, lines, first_line_no)
 

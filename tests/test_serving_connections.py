@@ -112,7 +112,7 @@ def test_only_when_every_connection_waits_on_the_model_is_a_new_one_refused(load
     entered, gate = threading.Event(), threading.Event()
 
     class Slow(Translator):
-        def translate_chunk(self, lines, first_line_no=1):
+        def translate_chunk(self, lines, first_line_no=1, prefixes=None, align=False):
             entered.set()
             gate.wait(30)
             return super().translate_chunk(lines, first_line_no)

@@ -127,10 +127,12 @@ class TrainConfig:
 
 @dataclass
 class DecodeConfig:
-    """Search settings used by translate, eval and validation BLEU."""
+    """The settings a decode takes, in one place: the config's ``decode`` section, which a command's flags or a
+    request's keys replace for one decode (``REQUEST`` names those a request may set). Search (beam, or sampling),
+    n-best, length penalty and limits, batch size, the target language and what alignments read."""
 
     beam: int = 4
-    nbest: int = 1  # hypotheses returned per sentence, at most beam
+    nbest: int = 1  # hypotheses returned per sentence: at most the beam, or that many samples
     alpha: float = 0.6
     max_len_a: float = 1.0
     max_len_b: int = 50
@@ -138,6 +140,16 @@ class DecodeConfig:
     too_long: str = one_of("truncate", "error")
     bleu_tokenize: str | None = None
     to: str | None = None  # the language to translate into, for a model of several (null: the model's only one)
+    sample: bool = False  # draw each next token from the model's distribution instead of searching
+    temperature: float = 1.0  # sampling: the logits divided by it (below 1 sharper, above flatter)
+    top_k: int = 0  # sampling: from the k most probable tokens only (0: all)
+    top_p: float = 1.0  # sampling: from the smallest set of tokens holding this much probability
+    seed: int = 1  # sampling: with the line number, seeds each sentence's draws (the same whatever the batch)
+    align_layer: int = -1  # alignments: the decoder layer whose encoder-decoder attention they read (-1: the last)
+
+
+# The decode settings a request to tfm serve may set (the others are the server's: its batch size, its lengths).
+REQUEST = ("beam", "nbest", "alpha", "to", "sample", "temperature", "top_k", "top_p", "seed")
 
 
 @dataclass
@@ -226,6 +238,11 @@ RANGES: dict[str, tuple[Any, str]] = {
     "decode.max_len_a": _span(0, 1000),
     "decode.max_len_b": _span(0, 1_048_576),
     "decode.batch_tokens": _span(1, _COUNT),
+    "decode.temperature": _above(0, 1000),
+    "decode.top_k": _span(0, 1_048_576, " (0: off)"),
+    "decode.top_p": _above(0, 1),
+    "decode.seed": _span(0, _SEED),
+    "decode.align_layer": _span(-1000, 1000, " (-1: the last)"),
 }
 
 
@@ -424,9 +441,18 @@ def _check_directions(directions: list[str] | None) -> None:
 
 
 def check_decode(decode: DecodeConfig, vocab_size: int | None = None) -> DecodeConfig:
-    """What the decode settings' types cannot say: no more n-best than the beam holds, no wider a beam than the
-    model's vocabulary (when it is known)."""
-    if decode.nbest > decode.beam:
+    """What the decode settings' types cannot say: no more n-best than the beam holds (sampling draws as many as
+    asked), sampling without a beam, no wider a beam nor top-k than the model's vocabulary (when it is known)."""
+    if decode.sample and decode.beam > 1:
+        raise ConfigError(
+            f"sampling draws tokens and a beam of {decode.beam} searches them; give one of them (--sample, or --beam)"
+        )
+    if decode.sample and vocab_size is not None and decode.top_k > vocab_size:
+        raise ConfigError(
+            f"top-k {decode.top_k} is larger than the model's vocabulary ({vocab_size:,} tokens); use at most "
+            f"{vocab_size} (--top-k, or decode.top_k in a config)"
+        )
+    if decode.nbest > decode.beam and not decode.sample:
         raise ConfigError(
             f"nbest {decode.nbest} is larger than the beam {decode.beam}; ask for at most {decode.beam} "
             "(--nbest, or decode.nbest in a config)"

@@ -11,17 +11,28 @@ import copy
 import re
 import sys
 import unicodedata
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from itertools import islice
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
 from transformer.checkpoint import Loaded, load
 from transformer.config import Config, DecodeConfig, check_decode
+from transformer.decoding.alignment import pharaoh
 from transformer.decoding.ensemble import Ensemble, check_members
-from transformer.decoding.search import Hypothesis, beam_finished, beam_search, greedy_search, ranked
+from transformer.decoding.forced import Scored, forced_scores
+from transformer.decoding.search import (
+    Hypothesis,
+    Sample,
+    beam_finished,
+    beam_search,
+    greedy_search,
+    max_output_lengths,
+    ranked,
+    sample,
+)
 from transformer.errors import ConfigError, TranslateError
 from transformer.measured import decoding_precision
 from transformer.model.decoding_copy import decoding_model
@@ -70,11 +81,28 @@ def target_of(cfg: Config, language: str | None) -> str:
 
 
 @dataclass
+class Batch:
+    """A batch of sentences to decode: their source tensor, their line numbers (which seed sampling) and their
+    forced prefixes (target token ids; None: none)."""
+
+    src: torch.Tensor
+    lines: list[int]
+    prefixes: list[list[int]] | None = None
+
+
+def _generator(seed: tuple[int, int, int]) -> torch.Generator:
+    """A CPU generator of its own for one sample of one line: (the decode's seed, the line number, the sample's)."""
+    return torch.Generator().manual_seed(hash(seed) & (2**63 - 1))
+
+
+@dataclass
 class Translation:
-    """The n-best hypotheses of one input line, best first, as text and scores."""
+    """The n-best hypotheses of one input line, best first, as text and scores (and, when asked, each one's word
+    alignment to the line: Pharaoh ``i-j`` pairs, source word i, target word j, from 0)."""
 
     texts: list[str]
     scores: list[float]
+    alignments: list[str] | None = None
 
     @property
     def best(self) -> str:
@@ -82,24 +110,32 @@ class Translation:
         return self.texts[0] if self.texts else ""
 
 
-@dataclass(frozen=True)
 class TranslateOptions:
-    """How to translate, as a command or the trainer's validation asks: the device and precision to decode in
-    (precision.PRECISIONS or auto), and the decode settings given over the checkpoint's (None: the checkpoint's)."""
+    """How to translate, as a command or a caller asks: the device and precision to decode in (runtime.precision's
+    names, or auto), and decode settings (``DecodeConfig``'s fields; None: not given) given over the checkpoint's.
+    The device and the precision are checked as they come in: a device this machine has (kept as a torch device), a
+    precision it decodes in there."""
 
-    device: str | torch.device = "auto"
-    precision: str = "fp32"
-    beam: int | None = None
-    nbest: int | None = None
-    alpha: float | None = None
-    batch_tokens: int | None = None
-    to: str | None = None
+    def __init__(self, device: str | torch.device = "auto", precision: str = "fp32", **decode: Any) -> None:
+        if unknown := sorted(set(decode) - DECODE_FIELDS):
+            raise TypeError(f"{unknown[0]!r} is not a decode setting; the settings are DecodeConfig's fields")
+        self.device = resolve_device(str(device))
+        self.precision = precision
+        check_precision(precision, self.device, training=False)
+        self.decode = {k: v for k, v in decode.items() if v is not None}
 
-    def __post_init__(self) -> None:
-        """The device and the precision are checked as they come in: a device this machine has (kept as a torch
-        device), a precision it decodes in there."""
-        object.__setattr__(self, "device", resolve_device(str(self.device)))
-        check_precision(self.precision, self.device, training=False)
+    def over(self, decode: DecodeConfig) -> DecodeConfig:
+        """``decode`` with the settings given replacing its own; sampling draws one token a row, so it takes a beam of
+        one unless a beam was given (which check_decode then refuses)."""
+        sampling = {"beam": 1} if self.decode.get("sample") and "beam" not in self.decode else {}
+        return replace(decode, **{**sampling, **self.decode})
+
+    def get(self, name: str) -> Any:
+        """A decode setting as given (None where it was not)."""
+        return self.decode.get(name)
+
+
+DECODE_FIELDS = {f.name for f in fields(DecodeConfig)}
 
 
 class Translator:
@@ -144,15 +180,7 @@ class Translator:
         members = [c if isinstance(c, Loaded) else load(c, device) for c in given]
         check_members(members)
         loaded = members[0]
-        d = loaded.cfg.decode
-        decode = replace(
-            d,
-            beam=d.beam if options.beam is None else options.beam,
-            nbest=d.nbest if options.nbest is None else options.nbest,
-            alpha=d.alpha if options.alpha is None else options.alpha,
-            batch_tokens=d.batch_tokens if options.batch_tokens is None else options.batch_tokens,
-            to=d.to if options.to is None else options.to,
-        )
+        decode = options.over(loaded.cfg.decode)
         check_decode(decode, loaded.tokenizer.vocab_size)  # the settings given against the checkpoint's and its model
         precision = decoding_precision(options.precision, loaded.model, device, lambda msg: print(msg, file=sys.stderr))
         models = [decoding_model(m.model, precision, device) for m in members]
@@ -222,64 +250,137 @@ class Translator:
                     f"the text and give --to {match[1]}"
                 )
 
-    def _search(self, src: torch.Tensor, every_alpha: bool = False) -> list[list[Hypothesis]]:
-        """The n-best of each sentence of src, or with ``every_alpha`` all that beam search finishes, unranked."""
-        t = self.tokenizer
-        d = self.decode
+    def _search(self, batch: Batch, every_alpha: bool = False) -> list[list[Hypothesis]]:
+        """The n-best of each sentence of the batch (or n samples, best first), or with ``every_alpha`` all that beam
+        search finishes, unranked."""
+        t, d, src = self.tokenizer, self.decode, batch.src
         with (
             autocast(self.precision, self.device),
-            decoding_threads(self.device, src.size(0) * d.beam),
+            decoding_threads(self.device, src.size(0) * max(d.beam, d.nbest if d.sample else 1)),
             shape_changing_attention(self.device),
         ):
+            limits = (t.start_id, t.end_id)
+            if d.sample:  # each sample a row of its own, its draws seeded by its line and its number
+                n = d.nbest
+                seeds = [(d.seed, line, j) for line in batch.lines for j in range(n)]
+                choice = Sample([_generator(s) for s in seeds], d.temperature, d.top_k, d.top_p)
+                rows = src.repeat_interleave(n, 0)
+                prefixes = [p for p in batch.prefixes for _ in range(n)] if batch.prefixes else None
+                drawn = sample(self.model, rows, *limits, choice, d.alpha, d.max_len_a, d.max_len_b, prefixes)
+                return [sorted(drawn[i : i + n], key=lambda h: -h.score) for i in range(0, len(drawn), n)]
             if d.beam == 1:
-                greedy = greedy_search(self.model, src, t.start_id, t.end_id, d.max_len_a, d.max_len_b, d.alpha)
+                greedy = greedy_search(self.model, src, *limits, d.max_len_a, d.max_len_b, d.alpha, batch.prefixes)
                 return [[h] for h in greedy]
             if every_alpha:
-                return beam_finished(self.model, src, t.start_id, t.end_id, d.beam, d.max_len_a, d.max_len_b)
+                return beam_finished(self.model, src, *limits, d.beam, d.max_len_a, d.max_len_b, batch.prefixes)
             return beam_search(
-                self.model,
-                src,
-                t.start_id,
-                t.end_id,
-                beam=d.beam,
-                alpha=d.alpha,
-                nbest=d.nbest,
-                max_len_a=d.max_len_a,
-                max_len_b=d.max_len_b,
+                self.model, src, *limits, d.beam, d.alpha, d.nbest, d.max_len_a, d.max_len_b, batch.prefixes
             )
 
     def _hypotheses(
-        self, lines: list[str], first_line_no: int, search: Callable[[torch.Tensor], list[list[Hypothesis]]]
-    ) -> list[list[Hypothesis]]:
-        """``search``'s hypotheses for each line, in input order; lines are batched by length."""
+        self,
+        lines: list[str],
+        first_line_no: int,
+        search: Callable[[Batch], list[list[Hypothesis]]],
+        prefixes: Sequence[str] | None = None,
+    ) -> tuple[list[list[int]], list[list[Hypothesis]]]:
+        """Each line's source ids and ``search``'s hypotheses for it, in input order; lines are batched by length, and
+        each hypothesis starts with its line's forced prefix (``prefixes``: target text, one a line) if given."""
         ids = self._ids([source_line(line, self.lowercase) for line in lines], first_line_no)
+        forced = self._prefixes(ids, prefixes, first_line_no) if prefixes is not None else None
         out: list[list[Hypothesis]] = [[] for _ in lines]
         for batch in sorted_batches([len(seq) for seq in ids], self.decode.batch_tokens):
-            src = source_tensor([ids[i] for i in batch], self.tokenizer)
-            for i, hs in zip(batch, search(src.to(self.device))):
+            src = source_tensor([ids[i] for i in batch], self.tokenizer).to(self.device)
+            chosen = [forced[i] for i in batch] if forced is not None else None
+            for i, hs in zip(batch, search(Batch(src, [first_line_no + i for i in batch], chosen))):
                 out[i] = hs
+        return ids, out
+
+    def _prefixes(self, ids: list[list[int]], prefixes: Sequence[str], first_line_no: int) -> list[list[int]]:
+        """Each line's forced prefix as target tokens; one longer than the line's output limit is refused."""
+        forced = self.tokenizer.encode_batch([clean_line(p) for p in prefixes]) if prefixes else []
+        d = self.decode
+        for i, (seq, prefix) in enumerate(zip(ids, forced)):
+            limit = int(max_output_lengths(torch.tensor([len(seq)]), d.max_len_a, d.max_len_b))
+            if len(prefix) > limit:
+                raise TranslateError(
+                    f"line {first_line_no + i}: the prefix is {len(prefix)} tokens and the output may hold {limit} "
+                    "(decode.max_len_a * source tokens + decode.max_len_b); shorten the prefix or raise max_len_b"
+                )
+        return forced
+
+    def translate_chunk(
+        self, lines: list[str], first_line_no: int = 1, prefixes: Sequence[str] | None = None, align: bool = False
+    ) -> list[Translation]:
+        """Translate a list of lines, returning one Translation per line in the same order; ``prefixes`` (one a line)
+        forces how each translation starts; ``align`` adds each hypothesis's word alignment."""
+        ids, hyps = self._hypotheses(lines, first_line_no, self._search, prefixes)
+        texts = iter(self.tokenizer.decode_batch([h.tokens for hs in hyps for h in hs]))
+        out = [Translation([next(texts) for _ in hs], [h.score for h in hs]) for hs in hyps]
+        if align:
+            links = iter(self._alignments([(ids[i], h.tokens) for i, hs in enumerate(hyps) for h in hs]))
+            for translation, hs in zip(out, hyps):
+                translation.alignments = [next(links) for _ in hs]
         return out
 
-    def translate_chunk(self, lines: list[str], first_line_no: int = 1) -> list[Translation]:
-        """Translate a list of lines, returning one Translation per line in the same order."""
-        hyps = self._hypotheses(lines, first_line_no, self._search)
-        texts = iter(self.tokenizer.decode_batch([h.tokens for hs in hyps for h in hs]))
-        return [Translation([next(texts) for _ in hs], [h.score for h in hs]) for hs in hyps]
+    def _alignments(self, pairs: list[tuple[list[int], list[int]]]) -> list[str]:
+        """Pharaoh alignments of (source ids, hypothesis tokens) pairs, read from the (first) model's encoder-decoder
+        attention of layer ``decode.align_layer`` (decoding.alignment)."""
+        model = self.model.members[0] if isinstance(self.model, Ensemble) else self.model
+        skip = 0 if self.tag is None else 1
+        with autocast(self.precision, self.device):
+            return [pharaoh(model, self.tokenizer, s, t, self.decode.align_layer, skip) for s, t in pairs]
+
+    def score(self, sources: list[str], targets: list[str], first_line_no: int = 1) -> list[Scored]:
+        """Each (source, target) pair's scores under the model (decoding.forced), in order; an empty target, or one
+        that with its <END> exceeds the model's positions, is refused naming its line."""
+        ids = self._ids([source_line(line, self.lowercase) for line in sources], first_line_no)
+        wanted = self.tokenizer.encode_batch([clean_line(t) for t in targets])
+        for i, (src, tgt) in enumerate(zip(ids, wanted)):
+            where = f"line {first_line_no + i}"
+            if not tgt:
+                raise TranslateError(f"{where}: the target is empty; give each source line its translation to score")
+            if not src:
+                raise TranslateError(f"{where}: the source is empty; give each target line its source to score")
+            if len(tgt) + 1 > self.max_positions:
+                raise TranslateError(
+                    f"{where}: the target is {len(tgt)} tokens and the model has {self.max_positions} positions; "
+                    "shorten it"
+                )
+        out: list[Scored | None] = [None] * len(ids)
+        t, d = self.tokenizer, self.decode
+        for batch in sorted_batches([len(seq) for seq in ids], d.batch_tokens):
+            src = source_tensor([ids[i] for i in batch], t).to(self.device)
+            with autocast(self.precision, self.device), shape_changing_attention(self.device):
+                scored = forced_scores(self.model, src, [wanted[i] for i in batch], t.start_id, t.end_id, d.alpha)
+            for i, s in zip(batch, scored):
+                out[i] = s
+        return out  # type: ignore[return-value]
 
     def best_under(self, lines: list[str], alphas: Sequence[float]) -> list[list[str]]:
         """The 1-best translation of every line under each length penalty, [alpha][line], from one search: beam
         search finishes the same hypotheses whatever the penalty, which only ranks them (search.beam_finished)."""
-        finished = self._hypotheses(lines, 1, lambda src: self._search(src, every_alpha=True))
+        _, finished = self._hypotheses(lines, 1, lambda batch: self._search(batch, every_alpha=True))
         best = [[ranked(hs, alpha)[0].tokens if hs else [] for hs in finished] for alpha in alphas]
         return [self.tokenizer.decode_batch(tokens) for tokens in best]
 
-    def translate(self, lines: Iterable[str], chunk: int = 1000) -> Iterator[Translation]:
-        """Stream translations of ``lines`` in input order, holding at most ``chunk`` lines at a time."""
-        it = iter(lines)
+    def translate(
+        self,
+        lines: Iterable[str],
+        chunk: int = 1000,
+        prefixes: Iterable[str] | None = None,
+        align: bool = False,
+    ) -> Iterator[Translation]:
+        """Stream translations of ``lines`` in input order, holding at most ``chunk`` lines at a time; ``prefixes`` as
+        many as the lines (one a line), ``align`` as for translate_chunk."""
+        it, forced = iter(lines), iter(prefixes) if prefixes is not None else None
         line_no = 1
         while True:
             part = list(islice(it, chunk))
             if not part:
                 return
-            yield from self.translate_chunk(part, line_no)
+            starts = list(islice(forced, len(part))) if forced is not None else None
+            if starts is not None and len(starts) != len(part):
+                raise TranslateError(f"the prefixes end at line {line_no + len(starts) - 1}; give one for every line")
+            yield from self.translate_chunk(part, line_no, starts, align)
             line_no += len(part)

@@ -64,12 +64,19 @@ async def _body(request: Request, limits: Limits) -> bytes:
 
 
 def _hypotheses(t: Translation) -> list[dict[str, Any]]:
-    return [{"text": text, "score": round(score, 4)} for text, score in zip(t.texts, t.scores)]
+    links = t.alignments or [None] * len(t.texts)
+    return [
+        {"text": text, "score": round(score, 4), **({"alignment": a} if a is not None else {})}
+        for text, score, a in zip(t.texts, t.scores, links)
+    ]
 
 
 def _translation(t: Translation, nbest: int) -> dict[str, Any]:
-    """One line's answer: the best text and its score (None for an empty line), and the n-best when asked for."""
+    """One line's answer: the best text and its score (None for an empty line), its alignment when asked for, and
+    the n-best when asked for."""
     best = {"text": t.best, "score": round(t.scores[0], 4) if t.scores else None}
+    if t.alignments is not None:
+        best["alignment"] = t.alignments[0] if t.alignments else ""
     return {**best, "nbest": _hypotheses(t)} if nbest > 1 else best
 
 
@@ -85,7 +92,7 @@ def create_app(members: list[Loaded], batcher: Batcher, limits: Limits) -> Starl
     async def translate(request: Request) -> JSONResponse:
         obj = read_json(await _body(request, limits))
         req = check_translate(obj, limits, tokenizer, max_positions, defaults, cfg.data.lowercase, targets)
-        out = await asyncio.wrap_future(batcher.translate(req.lines, req.lengths, req.decode))
+        out = await asyncio.wrap_future(batcher.translate(req.lines, req.lengths, req.decode, req.align))
         d = req.decode
         return JSONResponse(
             {

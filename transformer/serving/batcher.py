@@ -47,7 +47,13 @@ class _Job:
     lines: list[str] = field(default_factory=list)
     tokens: int = 0
     decode: DecodeConfig | None = None
+    align: bool = False
     call: Callable[[], Any] | None = None
+
+    def joins(self, other: _Job) -> bool:
+        """Whether the two translate as one chunk: the same settings, and no sampling (a request's draws are seeded by
+        its own line numbers, whatever else the server decodes with it)."""
+        return (self.decode, self.align) == (other.decode, other.align) and not (self.decode and self.decode.sample)
 
 
 class Batcher:
@@ -79,10 +85,10 @@ class Batcher:
         """Whether the worker thread is running and taking work."""
         return self._thread.is_alive() and not self._closed
 
-    def translate(self, lines: list[str], lengths: list[int], decode: DecodeConfig) -> Future:
+    def translate(self, lines: list[str], lengths: list[int], decode: DecodeConfig, align: bool = False) -> Future:
         """Queue ``lines`` (``lengths``: their source tokens); the future gives one Translation per line, as
         ``Translator.translate_chunk`` would."""
-        return self._put(_Job(Future(), list(lines), sum(lengths), decode))
+        return self._put(_Job(Future(), list(lines), sum(lengths), decode, align))
 
     def run(self, call: Callable[[], Any]) -> Future:
         """Queue ``call`` to run in the worker thread, alone (the model is never used by two threads)."""
@@ -146,7 +152,7 @@ class Batcher:
                 self._ready.wait(left)
             taken, tokens = [], 0
             for job in list(self._jobs):
-                if job.decode == first.decode and (not taken or tokens + job.tokens <= self.max_tokens):
+                if job is first or (first.joins(job) and (not taken or tokens + job.tokens <= self.max_tokens)):
                     taken.append(job)
                     tokens += job.tokens
                     self._jobs.remove(job)
@@ -154,7 +160,7 @@ class Batcher:
             return taken
 
     def _tokens_like(self, first: _Job) -> int:
-        return sum(j.tokens for j in self._jobs if j.decode == first.decode)
+        return sum(j.tokens for j in self._jobs if j is first or first.joins(j))
 
     def _call(self, job: _Job) -> None:
         try:
@@ -165,7 +171,7 @@ class Batcher:
     def _translate(self, jobs: list[_Job]) -> None:
         translator = self.translator.with_decode(jobs[0].decode)
         try:
-            out = translator.translate_chunk([line for j in jobs for line in j.lines])
+            out = translator.translate_chunk([line for j in jobs for line in j.lines], align=jobs[0].align)
         except Exception as e:  # noqa: BLE001 - one failed chunk must not stop the worker
             self._failed(jobs, e)
             return
@@ -191,7 +197,7 @@ class Batcher:
     def _translate_alone(self, job: _Job) -> None:
         translator = self.translator.with_decode(job.decode)
         try:
-            job.future.set_result(translator.translate_chunk(job.lines))
+            job.future.set_result(translator.translate_chunk(job.lines, align=job.align))
         except Exception as e:  # noqa: BLE001 - as in _failed, for one request
             self._failed([job], e)
 

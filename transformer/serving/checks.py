@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import typing
 from dataclasses import dataclass
 from typing import Any
 
-from transformer.config import DecodeConfig, out_of_range
+from transformer.config import RANGES, REQUEST, DecodeConfig, check_decode, out_of_range
 from transformer.decoding.translator import clean_line, source_line
-from transformer.errors import UserError
+from transformer.errors import ConfigError, UserError
 from transformer.text.tokenizer import Tokenizer
 
 EXAMPLE = '{"text": ["Ein Mann fährt Fahrrad."], "beam": 5}'
@@ -44,11 +45,13 @@ class RequestError(UserError):
 
 @dataclass
 class TranslateRequest:
-    """Lines to translate, their source tokens (what batches are sized by) and the settings to translate them with."""
+    """Lines to translate, their source tokens (what batches are sized by), the settings to translate them with, and
+    whether to answer each hypothesis's word alignment."""
 
     lines: list[str]
     lengths: list[int]
     decode: DecodeConfig
+    align: bool = False
 
 
 @dataclass
@@ -101,16 +104,6 @@ def _in_range(key: str, value: int, low: int, high: int, why: str) -> int:
     return value
 
 
-def _alpha(obj: dict[str, Any], default: float) -> float:
-    value = obj.get("alpha", default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise RequestError(400, f"alpha must be a number, not {json.dumps(value)[:40]}")
-    if (want := out_of_range("decode.alpha", value)) is not None:  # the range a config file's decode.alpha meets
-        shown = value if len(str(value)) <= 20 else f"{str(value)[:12]}..."
-        raise RequestError(422, f"alpha {shown} is out of range; it must be {want}, e.g. 0.6")
-    return float(value)
-
-
 def source_lengths(lines: list[str], tokenizer: Tokenizer, max_positions: int, lowercase: bool = False) -> list[int]:
     """Source tokens of each line as the Translator cleans (and, for a ``lowercase`` model, lowercases) and encodes
     it; a line that does not fit the model's positions with its <END> is refused (the server never truncates: a
@@ -133,10 +126,11 @@ def check_translate(
     lowercase: bool = False,
     targets: tuple[str, ...] = (),
 ) -> TranslateRequest:
-    """A ``POST /translate`` body: ``text`` a list of strings; ``beam``, ``alpha``, ``nbest`` optional (default:
-    the checkpoint's ``decode``); ``to`` one of the model's ``targets`` (needed where it has several).
-    ``lowercase``: the model's input is lowercased (data.lowercase)."""
-    _known_keys(obj, ("text", "beam", "alpha", "nbest", "to"))
+    """A ``POST /translate`` body: ``text`` a list of strings; the decode settings a request may set (config.REQUEST:
+    ``beam``, ``alpha``, ``nbest``, sampling's, ``to``; default: the checkpoint's ``decode``), each checked by its type
+    and range as a config file's are; ``align`` true for word alignments. ``to`` is one of the model's ``targets``
+    (needed where it has several); ``lowercase``: the model's input is lowercased (data.lowercase)."""
+    _known_keys(obj, ("text", *REQUEST, "align"))
     if "text" not in obj:
         raise RequestError(400, f"the key 'text' is missing; send an object such as {EXAMPLE}")
     lines = obj["text"]
@@ -146,13 +140,42 @@ def check_translate(
         raise RequestError(
             413, f"{len(lines)} sentences in one request; send at most {limits.max_sentences} per request"
         )
+    given = {key: _setting(key, obj[key]) for key in REQUEST if key in obj and key not in ("beam", "nbest", "to")}
+    sampling = given.get("sample", decode.sample)
     beam_limit = min(limits.max_beam, tokenizer.vocab_size)
-    beam = _in_range("beam", _integer(obj, "beam", decode.beam), 1, beam_limit, "1 is greedy search")
-    nbest = _in_range("nbest", _integer(obj, "nbest", 1), 1, beam, "at most the beam")
-    alpha = _alpha(obj, decode.alpha)
+    beam = _in_range("beam", _integer(obj, "beam", 1 if sampling else decode.beam), 1, beam_limit, "1 is greedy search")
+    most, why = (limits.max_beam, "samples a request may ask") if sampling else (beam, "at most the beam")
+    nbest = _in_range("nbest", _integer(obj, "nbest", 1), 1, most, why)
     to = _target(obj, decode.to, targets)
+    settings = dataclasses.replace(decode, **given, beam=beam, nbest=nbest, to=to)
+    try:
+        check_decode(settings, tokenizer.vocab_size)
+    except ConfigError as e:
+        raise RequestError(422, str(e)) from None
+    align = obj.get("align", False)
+    if not isinstance(align, bool):
+        raise RequestError(400, f"align must be true or false, not {json.dumps(align)[:40]}")
     lengths = source_lengths(lines, tokenizer, max_positions, lowercase)
-    return TranslateRequest(lines, lengths, dataclasses.replace(decode, beam=beam, nbest=nbest, alpha=alpha, to=to))
+    return TranslateRequest(lines, lengths, settings, align)
+
+
+_KINDS = typing.get_type_hints(DecodeConfig)
+
+
+def _setting(key: str, value: Any) -> Any:
+    """A request's value of decode setting ``key``, of the field's type and within its range (config.RANGES), as a
+    config file's would be."""
+    kind = _KINDS[key]
+    if kind is bool and not isinstance(value, bool):
+        raise RequestError(400, f"{key} must be true or false, not {json.dumps(value)[:40]}")
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise RequestError(400, f"{key} must be an integer, not {json.dumps(value)[:40]}")
+    if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise RequestError(400, f"{key} must be a number, not {json.dumps(value)[:40]}")
+    if f"decode.{key}" in RANGES and (want := out_of_range(f"decode.{key}", value)) is not None:
+        shown = value if len(str(value)) <= 20 else f"{str(value)[:12]}..."
+        raise RequestError(422, f"{key} {shown} is out of range; it must be {want}")
+    return float(value) if kind is float else value
 
 
 def _target(obj: dict[str, Any], default: str | None, targets: tuple[str, ...]) -> str | None:
