@@ -119,3 +119,14 @@ def test_an_output_that_is_a_symlink_loop_is_one_line(run, tmp_path):
     loop.symlink_to(loop)
     with pytest.raises(CheckpointError, match="is a symlink loop"):
         average(run, 2, loop)
+
+
+def test_a_run_of_a_deep_encoder_and_a_shallow_decoder_averages(tmp_path):
+    from tiny import run_trainer, tiny_config
+
+    cfg = tiny_config(
+        tmp_path, model={"encoder_layers": 2, "decoder_layers": 1}, train={"max_steps": 4, "save_every": 2}
+    )
+    run = run_trainer(cfg).run_dir
+    loaded = checkpoint.load(average(run, 2, tmp_path / "avg"))
+    assert (len(loaded.model.encoder.layers), len(loaded.model.decoder.layers)) == (2, 1)

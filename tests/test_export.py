@@ -155,3 +155,21 @@ def test_a_multilingual_export_translates_with_the_tag_among_its_tokens(tiny_tag
             [_tokens(tok, ids)], beam_size=1, max_decoding_length=limit, suppress_sequences=never
         )
         assert _tokens(tok, ours) == theirs[0].hypotheses[0]
+
+
+def test_an_encoder_and_a_decoder_of_different_depths_run_in_ctranslate2(tmp_path, sample_tokenizer):
+    cfg = tiny_config(tmp_path, model={"dropout": 0.0, "encoder_layers": 3, "decoder_layers": 1})
+    torch.manual_seed(0)
+    model = Transformer(cfg.model, sample_tokenizer.vocab_size, sample_tokenizer.pad_id)
+    path = checkpoint.save(tmp_path / "ckpt", cfg, sample_tokenizer, model, {"step": 0})
+    loaded = checkpoint.load(path)
+    tok = loaded.tokenizer
+    translator = ctranslate2.Translator(str(export(path, tmp_path / "ct2")), device="cpu")
+    for line in LINES:
+        ids = tok.encode(line)
+        ours = greedy_search(loaded.model, torch.tensor([ids + [tok.end_id]]), tok.start_id, tok.end_id, max_len_b=10)
+        limit, never = len(ids) + 1 + 10, [[tok.START], [tok.PAD]]  # tfm's search never generates them
+        theirs = translator.translate_batch(
+            [_tokens(tok, ids)], beam_size=1, max_decoding_length=limit, suppress_sequences=never
+        )
+        assert _tokens(tok, ours[0].tokens) == theirs[0].hypotheses[0]

@@ -179,3 +179,22 @@ def test_a_multilingual_export_reads_the_target_tag_from_the_text(tiny_tagged_ru
             theirs = marian.generate(torch.tensor([ids]), num_beams=1, max_new_tokens=len(ids) + 8)[0, 1:].tolist()
         if len(ours) < len(ids) + 8:
             assert theirs[: len(ours) + 1] == ours + [tok.end_id], line
+
+
+def test_an_encoder_and_a_decoder_of_different_depths_export_exactly(tmp_path, sample_tokenizer):
+    """A student's shape (3 encoder layers, 1 decoder layer): the Marian folder computes tfm's logits."""
+    cfg = tiny_config(tmp_path, model={"dropout": 0.0, "encoder_layers": 3, "decoder_layers": 1})
+    torch.manual_seed(0)
+    model = Transformer(cfg.model, sample_tokenizer.vocab_size, sample_tokenizer.pad_id)
+    assert (len(model.encoder.layers), len(model.decoder.layers)) == (3, 1)
+    saved = checkpoint.save(tmp_path / "ckpt", cfg, sample_tokenizer, model, {"step": 0})
+    out = export(saved, tmp_path / "hf", fmt="hf")
+    tokenizer, marian = _reload(out)
+    assert (marian.config.encoder_layers, marian.config.decoder_layers) == (3, 1)
+    batch = tokenizer(LINES, return_tensors="pt", padding=True)
+    tgt = torch.tensor([[1, 40, 41, 42, 2], [1, 50, 2, 0, 0], [1, 60, 61, 2, 0], [1, 2, 0, 0, 0]])
+    with torch.no_grad():
+        ours = checkpoint.load(saved).model.eval()(batch.input_ids, tgt)
+        theirs = marian(**batch, decoder_input_ids=tgt, decoder_attention_mask=(tgt != 0).long()).logits
+    keep = tgt != 0
+    assert torch.allclose(ours[keep], theirs[keep], atol=1e-4), (ours - theirs)[keep].abs().max()

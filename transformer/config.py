@@ -40,6 +40,13 @@ class ModelConfig:
     max_positions: int = 1024
     attention_dropout: float = 0.0  # on attention probabilities (Tensor2Tensor's; not in the paper)
     relu_dropout: float = 0.0  # on the feed-forward network's ReLU output (Tensor2Tensor's; not in the paper)
+    encoder_layers: int | None = None  # the encoder's depth where it differs from N (a student: deep encoder)
+    decoder_layers: int | None = None  # the decoder's depth where it differs from N (a student: shallow decoder)
+
+    @property
+    def depths(self) -> tuple[int, int]:
+        """The encoder's and the decoder's layers: ``encoder_layers`` and ``decoder_layers``, else N for both."""
+        return self.encoder_layers or self.N, self.decoder_layers or self.N
 
 
 @dataclass
@@ -198,6 +205,8 @@ _SEED, _COUNT, _BIG = 2**32 - 1, 10**9, 10**12
 RANGES: dict[str, tuple[Any, str]] = {
     "seed": _span(0, _SEED),
     "model.N": _span(1, 1000),
+    "model.encoder_layers": _span(1, 1000, " (or null: N)"),
+    "model.decoder_layers": _span(1, 1000, " (or null: N)"),
     "model.d_model": _span(1, 65_536),
     "model.d_ff": _span(1, 1_048_576),
     "model.h": _span(1, 4096),

@@ -35,7 +35,8 @@ ROUNDS = 3
 
 def measured_training(model: ModelConfig, vocab_size: int, log: Callable[[str], None]) -> str:
     """fp32 or bf16, whichever trains ``model``'s shape faster on this CPU: kept, else measured and kept."""
-    key = f"{machine()} | {shape(model.N, model.d_model, model.d_ff, model.h, vocab_size)}"
+    layers = model.N if model.depths == (model.N, model.N) else "{}+{}".format(*model.depths)
+    key = f"{machine()} | {shape(layers, model.d_model, model.d_ff, model.h, vocab_size)}"
     return _verdict(key, ("fp32", "bf16"), lambda: training_seconds(model, vocab_size), "train", log)
 
 
@@ -48,7 +49,9 @@ def decoding_precision(name: str, model: Transformer, device: torch.device, log:
         return rule
     layer = model.decoder.layers[0]
     dims = (layer.self_attn.h * layer.self_attn.d_k, layer.ff.w_1.out_features, layer.self_attn.h)
-    key = f"decoding | {machine()} | {shape(len(model.decoder.layers), *dims, model.generator.out_features)}"
+    depths = len(model.encoder.layers), len(model.decoder.layers)
+    layers = depths[0] if depths[0] == depths[1] else "{}+{}".format(*depths)
+    key = f"decoding | {machine()} | {shape(layers, *dims, model.generator.out_features)}"
     names = ("fp32", "bf16", "int8")
     return _verdict(key, names, lambda: decoding_seconds(model, names), "decode", log)
 
@@ -165,8 +168,8 @@ def machine() -> str:
     return f"{processor()} | {torch.get_num_threads()} threads | torch {torch.__version__}"
 
 
-def shape(N: int, d_model: int, d_ff: int, h: int, vocabulary: int) -> str:
-    """A model's shape as a verdict's key ends."""
+def shape(N: int | str, d_model: int, d_ff: int, h: int, vocabulary: int) -> str:
+    """A model's shape as a verdict's key ends (N: its layers, or "encoder+decoder" where they differ)."""
     return f"N {N}, d_model {d_model}, d_ff {d_ff}, h {h}, vocabulary {vocabulary}"
 
 

@@ -56,7 +56,7 @@ def attention_maps(
     """
     if kind not in ATTENTION_KINDS:
         raise PlotError(f"attention kind '{kind}' unknown; choose one of {', '.join(ATTENTION_KINDS)}")
-    n_layers = len(model.encoder.layers)
+    n_layers = len(model.encoder.layers if kind == "encoder" else model.decoder.layers)
     if not -n_layers <= layer < n_layers:
         raise PlotError(f"layer {layer + 1} does not exist; the model has layers 1..{n_layers}")
     ids = tokenizer.encode(source_line(sentence, lowercase))

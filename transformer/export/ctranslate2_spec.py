@@ -61,7 +61,7 @@ def ctranslate2_spec(loaded: Loaded):  # -> ctranslate2.specs.TransformerSpec (a
 
     m, cfg, tok = loaded.model, loaded.cfg.model, loaded.tokenizer
     spec = transformer_spec.TransformerSpec.from_config(
-        (cfg.N, cfg.N), cfg.h, pre_norm=cfg.norm_first, activation=common_spec.Activation.RELU
+        cfg.depths, cfg.h, pre_norm=cfg.norm_first, activation=common_spec.Activation.RELU
     )
     table = _np(m.positions.table)
     for side, embed in ((spec.encoder, m.src_embed), (spec.decoder, m.tgt_embed)):

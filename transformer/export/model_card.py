@@ -82,6 +82,7 @@ def model_card(loaded: Loaded) -> str:
     d = cfg.data
     languages = sorted({lang for pair in d.pairs() for lang in pair}) if d.tagged else [d.src_lang, d.tgt_lang]
     title = ", ".join(d.directions or []) if d.tagged else f"{d.src_lang} -> {d.tgt_lang}"
+    depth = f"N={m.N}" if m.depths == (m.N, m.N) else "{} encoder and {} decoder layers".format(*m.depths)
     config_yaml = (loaded.path / "config.yaml").read_text(encoding="utf-8").rstrip()
     lines = [
         "---",
@@ -93,7 +94,7 @@ def model_card(loaded: Loaded) -> str:
         "",
         f"# {cfg.name}: {title}",
         "",
-        f"The Transformer of *Attention Is All You Need* (N={m.N}, d_model={m.d_model}, d_ff={m.d_ff}, h={m.h}), "
+        f"The Transformer of *Attention Is All You Need* ({depth}, d_model={m.d_model}, d_ff={m.d_ff}, h={m.h}), "
         f"trained from scratch with tfm on `{cfg.data.path}` ({cfg.data.format}) for "
         f"{loaded.meta.get('step', '?')} updates and exported as a MarianMTModel (`tfm export --format hf`). "
         "It computes tfm's own network: the residual stream's dimensions are reordered so that Marian's "

@@ -233,11 +233,11 @@ class DecoderLayer(Layer):
 
 
 class Encoder(nn.Module):
-    """N encoder layers, plus a final LayerNorm when pre-norm."""
+    """N encoder layers (or ``encoder_layers``), plus a final LayerNorm when pre-norm."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.N))
+        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.depths[0]))
         self.norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
 
     def forward(self, x: Tensor, src_keep: Tensor) -> Tensor:
@@ -248,11 +248,11 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
-    """N decoder layers, plus a final LayerNorm when pre-norm."""
+    """N decoder layers (or ``decoder_layers``), plus a final LayerNorm when pre-norm."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.N))
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.depths[1]))
         self.norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
 
     def forward(self, y: Tensor, memory: Tensor, src_keep: Tensor) -> Tensor:

@@ -23,7 +23,8 @@ def parameters(m: ModelConfig, vocab_size: int) -> int:
     attention = 4 * d * d + 4 * d  # W^Q, W^K, W^V stacked, W^O, with biases
     feed_forward = 2 * d * m.d_ff + m.d_ff + d
     norm = 2 * d
-    layers = m.N * (attention + feed_forward + 2 * norm) + m.N * (2 * attention + feed_forward + 3 * norm)
+    encoder, decoder = m.depths
+    layers = encoder * (attention + feed_forward + 2 * norm) + decoder * (2 * attention + feed_forward + 3 * norm)
     return layers + vocab_size * d * (1 if m.tie_embeddings else 3) + (2 * norm if m.norm_first else 0)
 
 

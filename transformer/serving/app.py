@@ -105,7 +105,7 @@ def create_app(members: list[Loaded], batcher: Batcher, limits: Limits) -> Starl
 
     async def attention(request: Request) -> JSONResponse:
         body = read_json(await _body(request, limits))
-        req = check_attention(body, tokenizer, max_positions, cfg.model.N, cfg.data.lowercase, targets)
+        req = check_attention(body, tokenizer, max_positions, cfg.model.depths[1], cfg.data.lowercase, targets)
         d = cfg.decode
         tag = tokenizer.tags[target_of(cfg, req.to)] if cfg.data.tagged else None
 

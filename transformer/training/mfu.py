@@ -31,10 +31,10 @@ DENSE_BF16_TFLOPS = [  # (pattern in torch.cuda.get_device_name(), datasheet den
 def forward_flops(m: ModelConfig, vocab: int, batch: int, src_len: int, tgt_len: int) -> float:
     """Matmul FLOPs of one teacher-forced forward pass over a [batch, src_len] x [batch, tgt_len] batch."""
     d, f, B, S, T = m.d_model, m.d_ff, batch, src_len, tgt_len
-    encoder = m.N * (2 * B * S * (4 * d * d + 2 * d * f) + 2 * 2 * B * S * S * d)
+    encoder = m.depths[0] * (2 * B * S * (4 * d * d + 2 * d * f) + 2 * 2 * B * S * S * d)
     self_attn = 2 * B * T * 4 * d * d + 2 * 2 * B * T * T * d
     cross = 2 * B * T * 2 * d * d + 2 * B * S * 2 * d * d + 2 * 2 * B * T * S * d
-    decoder = m.N * (self_attn + cross + 2 * B * T * 2 * d * f)
+    decoder = m.depths[1] * (self_attn + cross + 2 * B * T * 2 * d * f)
     return float(encoder + decoder + 2 * B * T * d * vocab)
 
 

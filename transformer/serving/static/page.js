@@ -96,12 +96,13 @@ async function start() {
       ? `an ensemble of ${info.ensemble.length}: ${info.ensemble.map((m) => m.checkpoint).join(" + ")}`
       : `${info.checkpoint} · step ${info.step}`;
     const directions = info.directions.length > 1 ? info.directions.join(", ") : `${info.source} → ${info.target}`;
-    $("model").textContent = `${directions} · ${served} · ${model.N} layers, ${model.h} heads`;
+    $("model").textContent = `${directions} · ${served} · ${model.encoder_layers || model.N}+${model.decoder_layers || model.N} layers, ${model.h} heads`;
     if (info.targets.length > 1) {  // a model of several target languages: the page asks which
       info.targets.forEach((t) => $("to").add(new Option(t, t)));
       $("to-label").hidden = false;
     }
-    options($("layer"), model.N, model.N);
+    const layers = model.decoder_layers || model.N;  // encoder-decoder attention: the decoder's layers
+    options($("layer"), layers, layers);
     options($("head"), model.h, 1);
   } catch (error) {
     $("status").textContent = `cannot read /info: ${error.message}`;
