@@ -18,6 +18,8 @@ from transformer.config import out_of_range
 from transformer.storage.files import cannot_write, check_apart
 from transformer.storage.manifest import is_own
 
+DECODING_PRECISIONS = "fp32|bf16|fp16|int8|auto (int8: CPU; auto: the fastest here, measured once)"
+
 
 def check_input(path: Path, what: str = "input file") -> None:
     """An existing, readable file, pipe or terminal; not a directory or an endless device such as /dev/zero."""

@@ -15,14 +15,13 @@ from typing import List, Optional
 
 import typer
 
+from cli.distill_cmd import distill
 from cli.exits import OneLineErrors, fail, user_errors
-from cli.guards import check_creatable, check_output, count, within
+from cli.guards import DECODING_PRECISIONS, check_creatable, check_output, count, within
 from transformer.runtime.process import configure_before_torch
 from transformer.storage.files import check_apart
 
 configure_before_torch()  # before any command loads torch
-
-DECODING_PRECISIONS = "fp32|bf16|fp16|int8|auto (int8: CPU; auto: the fastest here, measured once)"
 
 
 def decode_settings(values: dict) -> dict:
@@ -367,6 +366,9 @@ def configs_() -> None:
 
     for name, path in shipped().items():
         print(f"{name:<18} {describe(path)}")
+
+
+app.command()(distill)
 
 
 def main() -> None:

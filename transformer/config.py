@@ -96,6 +96,7 @@ class TokenizerConfig:
     joint: bool = True
     train_sample: int = 1_000_000
     min_frequency: int = 2
+    path: str | None = None  # a tokenizer.json to take as it is instead of training one (a student takes its teacher's)
 
 
 @dataclass
@@ -160,6 +161,18 @@ REQUEST = ("beam", "nbest", "alpha", "to", "sample", "temperature", "top_k", "to
 
 
 @dataclass
+class DistillConfig:
+    """Sequence-level knowledge distillation (tfm distill, Kim and Rush 2016): the teachers whose translations of the
+    training sources a student learns from, and how they translate."""
+
+    teachers: list[str] = field(default_factory=list)  # checkpoints; several decode as an ensemble
+    beam: int | None = None  # the teachers' beam (null: the first teacher's decode.beam)
+    alpha: float | None = None  # their length penalty (null: the first teacher's decode.alpha)
+    with_real: bool = False  # train on the real pairs as well, beside the distilled ones
+    piece_lines: int = 1000  # lines translated and written at a time: a killed run goes on from the last piece
+
+
+@dataclass
 class Config:
     """A whole run: its name, where it goes, and every section above."""
 
@@ -173,6 +186,7 @@ class Config:
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
 
     @property
     def out_dir(self) -> Path:
@@ -241,6 +255,9 @@ RANGES: dict[str, tuple[Any, str]] = {
     "train.max_bad_steps": _span(1, _COUNT),
     "train.log_every": _span(1, _BIG),
     "train.prefetch": _span(0, 64, " (0: off)"),
+    "distill.beam": _span(1, 1000, " (or null: the teacher's)"),
+    "distill.alpha": _span(0, 10, " (or null: the teacher's)"),
+    "distill.piece_lines": _span(1, 10**6),
     "decode.beam": _span(1, 1000),
     "decode.nbest": _span(1, 1000),
     "decode.alpha": _span(0, 10),

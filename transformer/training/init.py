@@ -52,7 +52,7 @@ def resolve(cfg: Config, log: Callable[[str], None]) -> Config:
         f"tokenizer.{f.name} is {getattr(cfg.tokenizer, f.name)} in the config and {getattr(parent.tokenizer, f.name)} "
         "there"
         for f in fields(TokenizerConfig)
-        if getattr(cfg.tokenizer, f.name) != getattr(parent.tokenizer, f.name)
+        if f.name != "path" and getattr(cfg.tokenizer, f.name) != getattr(parent.tokenizer, f.name)
     ]
     if cfg.data.lowercase != parent.data.lowercase:
         differ.append(f"data.lowercase is {cfg.data.lowercase} in the config and {parent.data.lowercase} there")

@@ -70,6 +70,13 @@ def read_splits(cfg: Config, run_dir: Path, tokenizer: Tokenizer | None, log: Ca
         if train.split_record is not None and distributed.is_main():  # data.holdout: which pairs were held out
             write_file(run_dir, "split.json", json.dumps(train.split_record, indent=2) + "\n")
     synthetic = _synthetic(cfg, log)
+    if tokenizer is None and cfg.tokenizer.path is not None:  # taken as it is (a distillation student's teacher's)
+        tokenizer = Tokenizer.load(cfg.tokenizer.path)
+        tokenizer = tokenizer.with_tags(t for _, t in pairs) if d.tagged else tokenizer
+        tokenizer = tokenizer.with_specials([Tokenizer.BT] if synthetic is not None and d.synthetic_tag else [])
+        tokenizer.save(run_dir / checkpoint.TOKENIZER)
+        manifest.record(run_dir, checkpoint.TOKENIZER)
+        log(f"tokenizer: {tokenizer.vocab_size:,} BPE tokens, taken from {cfg.tokenizer.path}")
     if tokenizer is None:
         tokenizer = (
             train_multilingual(cfg.tokenizer, trains) if d.tagged else train_tokenizer(cfg.tokenizer, trains[pairs[0]])
