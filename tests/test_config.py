@@ -220,7 +220,7 @@ def test_an_installed_wheel_carries_the_configs(tmp_path):
     [
         ("train.lerning_rate", "did you mean 'train.peak_lr' or 'train.lr_factor'?"),
         ("train.batch_size", "did you mean 'train.batch_tokens'?"),
-        ("model.num_layers", "did you mean 'model.N'?"),
+        ("model.num_layers", "did you mean 'model.encoder_layers' or 'model.N'?"),
         ("decode.beam_size", "did you mean 'decode.beam'?"),
     ],
 )
