@@ -1,18 +1,14 @@
 """Typed configuration: the dataclasses, the range of every number, and the checks a config must pass.
 
-Every number a user might change lives here. Defaults reproduce the paper's base
-model. Any problem with a config raises ``ConfigError`` with a one-line message
-that names the key and the fix; the CLI turns it into exit code 2. Reading one from YAML and ``--set`` overrides,
-and writing it back: transformer.config_file.
+Every number a user might change lives here; defaults reproduce the paper's base model. A problem with a config is a
+one-line ``ConfigError`` naming the key and the fix (exit code 2). Reading YAML and ``--set``: transformer.config_file.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import re
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -272,37 +268,6 @@ RANGES: dict[str, tuple[Any, str]] = {
 }
 
 
-# Names users bring from other toolkits, and the keys that mean the same here.
-_SYNONYMS = {
-    "learning_rate": ("peak_lr", "lr_factor"),
-    "lr": ("peak_lr", "lr_factor"),
-    "batch_size": ("batch_tokens",),
-    "max_tokens": ("batch_tokens",),
-    "epochs": ("max_epochs",),
-    "steps": ("max_steps",),
-    "warmup_steps": ("warmup",),
-    "update_freq": ("accumulate",),
-    "layers": ("N",),
-    "num_layers": ("N",),
-    "heads": ("h",),
-    "num_heads": ("h",),
-    "hidden_size": ("d_model",),
-    "ffn_dim": ("d_ff",),
-    "beam_size": ("beam",),
-    "length_penalty": ("alpha",),
-    "vocab": ("vocab_size",),
-    "smoothing": ("label_smoothing",),
-}
-
-
-def _suggest(key: str, names: list[str]) -> list[str]:
-    """Known keys a mistyped or foreign ``key`` probably meant: close spellings, then synonyms (typos included)."""
-    close = difflib.get_close_matches(key, names, n=2)
-    for synonym in difflib.get_close_matches(key.lower(), list(_SYNONYMS), n=1, cutoff=0.8):
-        close += [n for n in _SYNONYMS[synonym] if n in names and n not in close]
-    return close
-
-
 _PLAIN_NAME = re.compile(r"[\w.-]+")
 
 
@@ -321,64 +286,10 @@ def _get(cfg: Config, dotted: str) -> Any:
     return obj
 
 
-def _brief(value: Any, width: int = 60) -> str:
+def brief(value: Any, width: int = 60) -> str:
     """``repr(value)`` cut to ``width`` characters: an error line stays one short line whatever a value holds."""
     shown = repr(value)
     return shown if len(shown) <= width else f"{shown[: width - 3]}..."
-
-
-def _check_type(key: str, value: Any, hint: Any) -> Any:
-    """Return ``value`` coerced to ``hint`` where that is lossless, else raise ConfigError."""
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _check_type(key, value, inner[0])
-    if origin is list:
-        if not isinstance(value, list):
-            raise ConfigError(f"{key}: expected a list, got {_brief(value)}; write it as [a, b, ...]")
-        return [_check_type(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value)]
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-    elif hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return math.inf if isinstance(value, int) and abs(value) > 1e308 else float(value)  # past any float
-        if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-    elif hint is str:
-        if isinstance(value, str):
-            return value
-    name = getattr(hint, "__name__", str(hint))
-    raise ConfigError(f"{key}: expected {name}, got {_brief(value)} ({type(value).__name__}); fix its value")
-
-
-def apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
-    """Set the fields of dataclass ``obj`` from ``values``, recursing into sections."""
-    hints = typing.get_type_hints(type(obj))
-    names = [f.name for f in dataclasses.fields(obj)]
-    for key, value in values.items():
-        dotted = f"{prefix}{key}"
-        if key not in names:
-            close = _suggest(str(key), names)
-            guess = " or ".join(f"'{prefix}{c}'" for c in close)
-            hint = f"; did you mean {guess}?" if close else f"; known keys: {', '.join(names)}"
-            raise ConfigError(f"unknown config key '{dotted}'{hint}")
-        current = getattr(obj, key)
-        if dataclasses.is_dataclass(current):
-            if not isinstance(value, dict):
-                raise ConfigError(f"{dotted}: expected a section (key: value lines), got {_brief(value)}")
-            apply(current, value, f"{dotted}.")
-        else:
-            setattr(obj, key, _check_type(dotted, value, hints[key]))
 
 
 def _check_choices(obj: Any, prefix: str) -> None:
@@ -399,16 +310,14 @@ def validate(cfg: Config) -> Config:
     for key in RANGES:
         value = _get(cfg, key)
         if (want := out_of_range(key, value)) is not None:
-            raise ConfigError(f"{key}: {_brief(value)} is out of range; it must be {want}")
+            raise ConfigError(f"{key}: {brief(value)} is out of range; it must be {want}")
     if not _PLAIN_NAME.fullmatch(cfg.name) or cfg.name in (".", ".."):
         raise ConfigError(
             f"name: '{cfg.name}' must be a plain name (letters, digits, '.', '_', '-'): the run goes to "
             "run_dir/name; choose the folder with run_dir"
         )
     if cfg.train.cuda_graphs and not cfg.train.static_shapes:
-        raise ConfigError(
-            "train.cuda_graphs needs train.static_shapes: true (a graph replays one batch shape); set both"
-        )
+        raise ConfigError("train.cuda_graphs needs train.static_shapes: true (a graph replays one shape); set both")
     m = cfg.model
     if m.d_model % m.h:
         raise ConfigError(f"model.d_model ({m.d_model}) must be divisible by model.h ({m.h}); change one of them")
@@ -458,7 +367,7 @@ def _check_directions(directions: list[str] | None) -> None:
     for d in directions:
         match = _DIRECTION.fullmatch(d)
         if match is None:
-            raise ConfigError(f"data.directions: {_brief(d)} is not source-target, e.g. de-en; write each so")
+            raise ConfigError(f"data.directions: {brief(d)} is not source-target, e.g. de-en; write each so")
         if match[1] == match[2]:
             raise ConfigError(f"data.directions: {d} translates {match[1]} into itself; pick two languages")
     if len(set(directions)) != len(directions):

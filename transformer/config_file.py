@@ -8,6 +8,9 @@ values its aliases expand to are bounded, so that no YAML can grow without bound
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import math
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,8 +18,92 @@ from typing import Any
 import yaml
 
 from configs import shipped
-from transformer.config import Config, apply, validate
+from transformer.config import Config, brief, validate
 from transformer.errors import ConfigError
+
+# Names users bring from other toolkits, and the keys that mean the same here.
+_SYNONYMS = {
+    "learning_rate": ("peak_lr", "lr_factor"),
+    "lr": ("peak_lr", "lr_factor"),
+    "batch_size": ("batch_tokens",),
+    "max_tokens": ("batch_tokens",),
+    "epochs": ("max_epochs",),
+    "steps": ("max_steps",),
+    "warmup_steps": ("warmup",),
+    "update_freq": ("accumulate",),
+    "layers": ("N",),
+    "num_layers": ("N",),
+    "heads": ("h",),
+    "num_heads": ("h",),
+    "hidden_size": ("d_model",),
+    "ffn_dim": ("d_ff",),
+    "beam_size": ("beam",),
+    "length_penalty": ("alpha",),
+    "vocab": ("vocab_size",),
+    "smoothing": ("label_smoothing",),
+}
+
+
+def _suggest(key: str, names: list[str]) -> list[str]:
+    """Known keys a mistyped or foreign ``key`` probably meant: close spellings, then synonyms (typos included)."""
+    close = difflib.get_close_matches(key, names, n=2)
+    for synonym in difflib.get_close_matches(key.lower(), list(_SYNONYMS), n=1, cutoff=0.8):
+        close += [n for n in _SYNONYMS[synonym] if n in names and n not in close]
+    return close
+
+
+def _check_type(key: str, value: Any, hint: Any) -> Any:
+    """Return ``value`` coerced to ``hint`` where that is lossless, else raise ConfigError."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _check_type(key, value, inner[0])
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {brief(value)}; write it as [a, b, ...]")
+        return [_check_type(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value)]
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+    elif hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return math.inf if isinstance(value, int) and abs(value) > 1e308 else float(value)  # past any float
+        if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif hint is str:
+        if isinstance(value, str):
+            return value
+    name = getattr(hint, "__name__", str(hint))
+    raise ConfigError(f"{key}: expected {name}, got {brief(value)} ({type(value).__name__}); fix its value")
+
+
+def apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
+    """Set the fields of dataclass ``obj`` from ``values``, recursing into sections."""
+    hints = typing.get_type_hints(type(obj))
+    names = [f.name for f in dataclasses.fields(obj)]
+    for key, value in values.items():
+        dotted = f"{prefix}{key}"
+        if key not in names:
+            close = _suggest(str(key), names)
+            guess = " or ".join(f"'{prefix}{c}'" for c in close)
+            hint = f"; did you mean {guess}?" if close else f"; known keys: {', '.join(names)}"
+            raise ConfigError(f"unknown config key '{dotted}'{hint}")
+        current = getattr(obj, key)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{dotted}: expected a section (key: value lines), got {brief(value)}")
+            apply(current, value, f"{dotted}.")
+        else:
+            setattr(obj, key, _check_type(dotted, value, hints[key]))
 
 
 def _parse_scalar(text: str) -> Any:
