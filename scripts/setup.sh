@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Create .venv and install tfm into it. torch comes first and is kept if already there:
-# the default is the 2.13.0 CPU wheel; a GPU user sets TORCH_SPEC (or pre-installs a CUDA build).
+# Create .venv and install tfm into it, with the extras named as arguments (e.g. `setup.sh dev` for the tests; none:
+# what training and translating need). torch comes first and is kept if already there: the default is the 2.13.0
+# CPU wheel; a GPU user sets TORCH_SPEC (or pre-installs a CUDA build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -8,4 +9,5 @@ PY=${PYTHON:-python3}
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   .venv/bin/pip install --quiet "${TORCH_SPEC:-torch==2.13.0}"
 fi
-.venv/bin/pip install --quiet -e ".[dev]"
+extras=$(IFS=,; echo "$*")
+.venv/bin/pip install --quiet -e ".${extras:+[$extras]}"
