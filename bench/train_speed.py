@@ -105,7 +105,7 @@ def tfm_step(
 
         def trainer_step(r: int) -> None:
             b = batches[r % len(batches)]
-            update(UpdateBatches([(b, 1.0)], b.n_tokens), r + 1)
+            update(UpdateBatches([(b, 1.0)], b.n_tokens, 0.0), r + 1).result()
             _sync(device)
 
         return trainer_step

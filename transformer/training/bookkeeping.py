@@ -11,6 +11,7 @@ import math
 import sys
 from typing import Callable
 
+import torch
 from tqdm import tqdm
 
 from transformer.training import mfu
@@ -70,6 +71,22 @@ class Books:
         if out is not None and s.step % self.run.cfg.train.log_every == 0:
             self._log(out)
         return s.bad_in_a_row >= self.run.cfg.train.max_bad_steps
+
+    def drawn(self, epoch: int, pairs: dict[str, int]) -> None:
+        """What an epoch of several directions (or of synthetic pairs beside real ones) draws of each."""
+        self.run_log.record({"step": self.state.step, "kind": "epoch", "epoch": epoch, "drawn": pairs})
+        self.log(f"epoch {epoch + 1}: " + ", ".join(f"{name} {n:,} pairs" for name, n in pairs.items()))
+
+    def stopped_non_finite(self, scaler: torch.amp.GradScaler) -> None:
+        """Say why training stopped after ``train.max_bad_steps`` non-finite updates, and what to change."""
+        s, cfg = self.state, self.run.cfg
+        lr = learning_rate(s.step, cfg.train, cfg.model.d_model)
+        scale = scaler.get_scale() if scaler.is_enabled() else 1.0
+        self.log(
+            f"stopped: {cfg.train.max_bad_steps} updates in a row with non-finite loss or gradients at step {s.step} "
+            f"(last finite loss {s.last_finite_loss:.4f}, lr {lr:.2e}, loss scale {scale}); lower train.peak_lr or "
+            "train.lr_factor, or use precision: bf16 or fp32. Checkpoints before this point are intact."
+        )
 
     def close(self) -> None:
         """Close the progress bar."""

@@ -29,7 +29,6 @@ from transformer.training.bookkeeping import Books
 from transformer.training.meter import process_started
 from transformer.training.prefetch import ahead
 from transformer.training.run_log import open_run_log
-from transformer.training.schedule import learning_rate
 from transformer.training.signals import StopSignals
 from transformer.training.train_state import TrainState
 from transformer.training.update import UpdateBatches, collate_update
@@ -157,7 +156,7 @@ class Loop:
         cfg, t, data, epoch = self.run.cfg, self.run.cfg.train, self.run.data.train, self.state.epoch
         pairs = None if data.directions is None else drawn(data.directions, cfg.data.temperature, cfg.seed, epoch)
         if data.directions is not None and self.state.batch_in_epoch == 0:
-            self._log_draw(counts(data.directions, pairs, self.run.data.parts))
+            self.books.drawn(self.state.epoch, counts(data.directions, pairs, self.run.data.parts))
         batches = make_batches(data, t.batch_tokens, cfg.seed, epoch, True, t.pad_multiple, pairs)
         size = t.accumulate * distributed.world_size()  # the update's batches, all ranks'
         pin = self.run.device.type == "cuda"
@@ -167,11 +166,6 @@ class Loop:
             return min(i + size, len(batches)), work
 
         yield from ahead(collated, range(self.state.batch_in_epoch, len(batches), size), t.prefetch)
-
-    def _log_draw(self, drawn: dict[str, int]) -> None:
-        """What an epoch of several directions draws of each, in the run's log and on the console."""
-        self.books.run_log.record({"step": self.state.step, "kind": "epoch", "epoch": self.state.epoch, "drawn": drawn})
-        self.log(f"epoch {self.state.epoch + 1}: " + ", ".join(f"{name} {n:,} pairs" for name, n in drawn.items()))
 
     def _limit_reached(self) -> str | None:
         """A signal, max_steps or max_minutes, whichever came first, agreed by every rank; it outranks early stopping.
@@ -236,14 +230,7 @@ class Loop:
         """Validate and save as the reason calls for, and say how the run ended."""
         run, s, code = self.run, self.state, 0
         if reason == "non_finite":
-            lr = learning_rate(s.step, run.cfg.train, run.cfg.model.d_model)
-            scale = run.update.scaler.get_scale() if run.update.scaler.is_enabled() else 1.0
-            self.log(
-                f"stopped: {run.cfg.train.max_bad_steps} updates in a row with non-finite loss or gradients at "
-                f"step {s.step} (last finite loss {s.last_finite_loss:.4f}, lr {lr:.2e}, loss scale {scale}); lower "
-                "train.peak_lr or train.lr_factor, or use precision: bf16 or fp32. Checkpoints before this point are "
-                "intact."
-            )
+            self.books.stopped_non_finite(run.update.scaler)
             code = 1
         elif reason == "signal":
             code = self.signals.exit_code()
