@@ -54,7 +54,7 @@ def copy_tfm_weights(peer: MarianMTModel, model: torch.nn.Module) -> MarianMTMod
         peer.final_logits_bias.zero_()
         for side in (m.encoder, m.decoder):
             n = side.embed_positions.weight.size(0)
-            side.embed_positions.weight.copy_(model.positions.table[:n])
+            side.embed_positions.weight.copy_(model.positions.at(0, n))  # past a short table, computed
         for dst, src in zip(m.encoder.layers, model.encoder.layers):
             _copy_attention(dst.self_attn, src.self_attn)
             dst.self_attn_layer_norm.load_state_dict(src.norms[0].state_dict())

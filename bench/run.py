@@ -333,6 +333,7 @@ def main() -> None:
         "--member", type=Path, action="append", default=[], help="ensemble section: a model decoding with --checkpoint"
     )
     parser.add_argument("--data", default=DEFAULT_DATA, help="Multi30k folder")
+    parser.add_argument("--lines", type=int, default=None, help="decode the first N test lines only (default: all)")
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "bench", help="scratch folder")
     parser.add_argument("--json", type=Path, help="where to write the results (default: <runs>/results.json)")
     parser.add_argument("--sections", default="train,decode,int8,startup,memory,levers,contended")
@@ -352,7 +353,7 @@ def main() -> None:
     loaded = checkpoint.load(ckpt) if ckpt else None
     tok = loaded.tokenizer if loaded else small_tokenizer(args.data)
     test = load_split(DataConfig(format="multi30k", path=args.data), "test_2016_flickr")
-    lines, refs = list(test.src), list(test.tgt)
+    lines, refs = list(test.src)[: args.lines], list(test.tgt)[: args.lines]
     result: dict[str, Any] = {
         "command": " ".join(sys.argv),
         "machine": machine(),

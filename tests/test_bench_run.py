@@ -4,8 +4,14 @@ seconds per sentence summed over the ensemble's, and the table shows it against 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
+import pytest
 import torch
 
 from bench.run import TARGETS, run_ensemble, table
@@ -27,3 +33,29 @@ def test_the_ensemble_section_measures_the_ensemble_against_its_members(tiny_che
         assert r["members_vs_ensemble"] == alone * r["tfm"]["sentences_per_s"] > 0
     shown = table({"ensemble": rows}).splitlines()
     assert sum(line.startswith("ensemble of 2 ") for line in shown) == 4 and TARGETS["members_vs_ensemble"] == 1.0
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(
+    "sections, keys",
+    [("train", ["train"]), ("decode,int8,startup", ["decode", "int8", "startup_memory"])],
+)
+def test_bench_run_sections_run_at_their_quick_size(tiny_run, multi30k_dir, tmp_path, sections, keys):
+    """Each section of bench.run runs end to end at its quick size (a few test lines, the tiny run's model), so a
+    change that breaks one does not land; the figures themselves are not checked."""
+    out = tmp_path / "out.json"
+    cmd = [sys.executable, "-m", "bench.run", "--quick", "--lines", "8", "--sections", sections]
+    cmd += ["--checkpoint", str(tiny_run.run_dir / "best"), "--data", str(multi30k_dir)]
+    proc = subprocess.run(
+        [*cmd, "--runs", str(tmp_path / "runs"), "--json", str(out)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert all(result.get(key) for key in keys), {key: result.get(key) for key in keys}
