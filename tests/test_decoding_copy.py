@@ -4,25 +4,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from steps import step_logits
+from steps import small_model, step_logits
 from torch import nn
 
-from transformer.config import ModelConfig
 from transformer.model.cross_fold import FoldedCrossAttention
-from transformer.model.decoding_copy import decoding_model
+from transformer.model.decoding_copy import decoding_model, precision_copy
 from transformer.model.linears import Int8Linear
-from transformer.model.transformer import Transformer
 
 CPU = torch.device("cpu")
 
 
-def _model(norm_first: bool = False, tie: bool = True, d_model: int = 32) -> Transformer:
-    torch.manual_seed(0)
-    return Transformer(
-        ModelConfig(N=2, d_model=d_model, d_ff=64, h=4, norm_first=norm_first, tie_embeddings=tie, max_positions=8),
-        50,
-        0,
-    ).eval()
+_model = small_model
 
 
 @pytest.mark.parametrize("norm_first,tie", [(False, True), (True, False)])
@@ -71,12 +63,16 @@ def test_a_copy_leaves_the_mode_of_every_module_of_the_model_as_it_was(name, dev
     assert [m.training for m in model.modules()] == modes
 
 
-def test_the_int8_copy_replaces_every_linear_and_leaves_the_model_alone():
+def test_the_int8_copy_replaces_every_linear_but_cross_attentions_query_and_output_and_leaves_the_model_alone():
+    """fp32 stays where folded encoder-decoder attention computes in fp32 too (its query and output projections)."""
     model = _model()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    q = decoding_model(model, "int8", CPU)
-    assert not [m for m in q.modules() if isinstance(m, nn.Linear)]
-    assert [m for m in q.modules() if isinstance(m, Int8Linear)]
+    q = precision_copy(model, "int8")
+    floats = {id(m) for m in q.modules() if isinstance(m, nn.Linear)}
+    crosses = [layer.cross_attn for layer in q.decoder.layers]
+    assert floats == {id(c.out_proj) for c in crosses} | {id(c.in_proj.parts[0]) for c in crosses}
+    assert all(isinstance(c.in_proj.parts[1], Int8Linear) for c in crosses)
+    assert isinstance(q.generator, Int8Linear) and isinstance(q.encoder.layers[0].self_attn.in_proj, Int8Linear)
     assert model.generator.weight is model.src_embed.weight  # still tied, still fp32
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
 

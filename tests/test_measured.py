@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from steps import small_model
 
 from transformer import measured
 from transformer.config import ModelConfig
@@ -20,7 +21,6 @@ from transformer.measured import (
     speedups,
     training_seconds,
 )
-from transformer.model.transformer import Transformer
 
 CPU = torch.device("cpu")
 SHAPE = ModelConfig(N=1, d_model=32, d_ff=64, h=2)
@@ -32,13 +32,7 @@ def cache_home(tmp_path, monkeypatch):
     return tmp_path
 
 
-def _model(norm_first: bool = False, tie: bool = True, d_model: int = 32) -> Transformer:
-    torch.manual_seed(0)
-    return Transformer(
-        ModelConfig(N=2, d_model=d_model, d_ff=64, h=4, norm_first=norm_first, tie_embeddings=tie, max_positions=8),
-        50,
-        0,
-    ).eval()
+_model = small_model
 
 
 @pytest.mark.parametrize("capability, name", [((9, 0), "bf16"), ((7, 5), "fp16")])
