@@ -7,7 +7,7 @@ import pytest
 import torch
 from test_search import END, PAD, SRC, START, STEPS, FixedModel
 
-from transformer.decoding.search import Sample, greedy_search, sample
+from transformer.decoding.search import Sample, greedy_search, inverse_cdf, sample
 from transformer.decoding.translator import TranslateOptions, Translator
 
 LINES = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "Eine Frau liest.", "Der Hund.", "Ein Kind."]
@@ -54,3 +54,11 @@ def test_top_p_one_at_temperature_one_draws_the_models_distribution():
     assert not any(PAD in h.tokens or START in h.tokens for h in hyps)
     greedy = greedy_search(model, SRC, START, END, max_len_b=1)[0]
     assert greedy.tokens == [3]
+
+
+def test_a_token_of_probability_zero_is_never_drawn():
+    """The uniform draw's ends: u = 0 names the first token with probability, and a u whose product with the total
+    rounds up to it names the last one, never a token of probability 0 (<PAD> or <START> after the search bans them)."""
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0], [0.0, 0.0, 1.0, 0.0, 0.0]])
+    for u, want in ((0.0, [1, 2]), (0.25, [1, 2]), (0.5, [3, 2]), (1.0 - 2**-24, [3, 2]), (1.0, [3, 2])):
+        assert inverse_cdf(probs, torch.full((2,), u)).squeeze(1).tolist() == want, u

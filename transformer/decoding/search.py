@@ -118,9 +118,18 @@ class Sample:
             sorted_probs = sorted_probs.masked_fill(before >= self.top_p, 0.0)
             probs = torch.zeros_like(probs).scatter_(1, order, sorted_probs)
         u = torch.tensor([torch.rand((), generator=self.generators[r]).item() for r in rows], device=probs.device)
-        cdf = probs.cumsum(dim=1)
-        ids = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1)).clamp_(max=probs.size(1) - 1)
+        ids = inverse_cdf(probs, u)
         return lprobs.gather(1, ids), ids
+
+
+def inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
+    """The token [rows, 1] each row's uniform draw u in [0, 1) names: the first whose cumulative probability exceeds
+    u times the row's total, so a token of probability 0 is never drawn (not at u = 0, nor where rounding takes the
+    product to the total)."""
+    cdf = probs.cumsum(dim=1)
+    ids = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True)
+    last = probs.size(1) - 1 - (probs > 0).flip(1).to(torch.uint8).argmax(dim=1, keepdim=True)  # last drawable
+    return torch.minimum(ids, last)
 
 
 Choice = Beam | Sample
