@@ -86,33 +86,38 @@ def run_translate(
         else:
             lines = _lines(sys.stdin.buffer, "stdin")
         chunk = 1 if text is not None else 1000
-        translations = translator.translate(lines, chunk, prefixes(lines) if prefixes else None, align)
+        translations = translator.translate(lines, chunk, prefixes, align)
         count, interrupted = _translate_into(output, translations, translator.decode.nbest)
     if interrupted:
         print(f"interrupted: {count} complete lines written", file=sys.stderr)
         raise SystemExit(130)
+    if isinstance(prefixes, list) and count < len(prefixes):  # stdin, read to its end: its lines are translated
+        fail(f"--prefix-file {prefix_file} has {len(prefixes)} lines and the input {count}; give one prefix a line")
     if count == 0 and text is None:
         print("note: the input was empty; nothing translated", file=sys.stderr)
 
 
-def _prefixes(prefix: str | None, prefix_file: Path | None, text: str | None, input_: Path | None):
-    """What makes the prefixes of the lines read (a function of them), or None: ``prefix`` for every line, or
-    ``prefix_file``'s lines, which must be as many as the input's (checked now where the input is a file)."""
+def _prefixes(
+    prefix: str | None, prefix_file: Path | None, text: str | None, input_: Path | None
+) -> Iterable[str] | None:
+    """The prefixes of the lines read, or None: ``prefix`` for every line, or ``prefix_file``'s lines (a list), which
+    must be as many as the input's (checked now where the input is a file or a sentence, as it is read for stdin)."""
     if prefix is not None and prefix_file is not None:
         fail("--prefix gives every line one prefix and --prefix-file one a line; give one of them")
     if prefix is not None:
-        return lambda lines: itertools.repeat(prefix)
+        return itertools.repeat(prefix)
     if prefix_file is None:
         return None
     check_input(prefix_file, "--prefix-file")
-    starts = list(_lines(prefix_file.open("rb"), str(prefix_file)))
+    with open(prefix_file, "rb") as f:
+        starts = list(_lines(f, str(prefix_file)))
     count = 1 if text is not None else None
     if input_ is not None:
         with open(input_, "rb") as f:
             count = sum(1 for _ in f)
     if count is not None and count != len(starts):
         fail(f"--prefix-file {prefix_file} has {len(starts)} lines and the input {count}; give one prefix a line")
-    return lambda lines: iter(starts)
+    return starts
 
 
 def _translate_into(output: Path | None, translations: Iterator, nbest: int) -> tuple[int, bool]:

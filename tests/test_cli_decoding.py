@@ -102,3 +102,22 @@ def test_bad_decoding_input_is_one_line_and_writes_nothing(tiny_run, files, tmp_
     r = tfm(args[0], "--checkpoint", tiny_run.run_dir / "best", *inputs, *args[1:], "-o", out)
     assert r.exit_code == 2 and words in one_error_line(r.stderr), r.output
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "prefixes, written, words",
+    [("A man\nTwo\nThree\n", 2, "has 3 lines and the input 2"), ("A man\n", 0, "the prefixes end at line 1")],
+)
+def test_a_prefix_file_beside_stdin_of_another_length_is_refused_keeping_what_was_translated(
+    tiny_run, tmp_path, prefixes, written, words
+):
+    """stdin's lines are counted as they are read: too few prefixes stop the chunk that runs out of them, before it is
+    written; too many are found at stdin's end, its translations written."""
+    (tmp_path / "p.en").write_text(prefixes, encoding="utf-8")
+    r = CliRunner().invoke(
+        app,
+        ["translate", "--checkpoint", str(tiny_run.run_dir / "best"), "--prefix-file", str(tmp_path / "p.en")],
+        input="\n".join(LINES) + "\n",
+    )
+    assert r.exit_code == 2 and words in one_error_line(r.stderr), r.output
+    assert len(r.stdout.split("\n")[:-1]) == written  # a tiny model's text may hold any character but a newline
