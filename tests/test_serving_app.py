@@ -78,6 +78,23 @@ def test_settings_of_a_request_are_used(url, translator):
     assert [t["text"] for t in answer["translations"]] == [t.best for t in greedy]
 
 
+def test_samples_and_alignments_are_the_translators(url, translator):
+    """A sampling request draws what translate draws for the same lines and seed (its lines numbered from 1, whatever
+    else the server decodes), and ``align`` answers each hypothesis's Pharaoh pairs."""
+    body = {"text": LINES, "sample": True, "nbest": 2, "seed": 7, "top_k": 5, "align": True}
+    status, answer = post(url, "/translate", body)
+    assert status == 200
+    decode = dataclasses.replace(translator.decode, beam=1, nbest=2, sample=True, seed=7, top_k=5)
+    expected = translator.with_decode(decode).translate_chunk(LINES, align=True)
+    assert [[h["text"] for h in t["nbest"]] for t in answer["translations"]] == [t.texts for t in expected]
+    assert [[h["alignment"] for h in t["nbest"]] for t in answer["translations"]] == [t.alignments for t in expected]
+    assert [t["alignment"] for t in answer["translations"]] == [(t.alignments or [""])[0] for t in expected]
+    status, again = post(url, "/translate", body)
+    assert again["translations"] == answer["translations"]
+    status, plain = post(url, "/translate", {"text": LINES[:1]})
+    assert "alignment" not in plain["translations"][0]
+
+
 def test_attention_is_the_data_tfm_attention_draws(url, loaded):
     status, answer = post(url, "/attention", {"text": LINES[0], "layer": 1})
     assert status == 200

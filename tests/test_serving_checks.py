@@ -61,6 +61,17 @@ def test_a_json_object_is_read():
         ({"text": ["a"], "alpha": float("nan")}, 422, "alpha nan"),
         ({"text": ["a"], "alpha": "0.6"}, 400, "alpha must be a number"),
         ({"text": ["a", "Mann " * 70]}, 422, "sentence 2"),
+        ({"text": ["a"], "sample": 1}, 400, "sample must be true or false"),
+        ({"text": ["a"], "sample": True, "beam": 3}, 422, "sampling draws tokens and a beam of 3"),
+        ({"text": ["a"], "sample": True, "temperature": 0}, 422, "temperature 0 is out of range"),
+        ({"text": ["a"], "sample": True, "temperature": "hot"}, 400, "temperature must be a number"),
+        ({"text": ["a"], "sample": True, "top_p": 1.5}, 422, "top_p 1.5 is out of range"),
+        ({"text": ["a"], "sample": True, "top_p": 0}, 422, "top_p 0 is out of range"),
+        ({"text": ["a"], "sample": True, "top_k": 100_000}, 422, "larger than the model's vocabulary"),
+        ({"text": ["a"], "sample": True, "top_k": 2.5}, 400, "top_k must be an integer"),
+        ({"text": ["a"], "sample": True, "seed": -1}, 422, "seed -1 is out of range"),
+        ({"text": ["a"], "sample": True, "nbest": 9}, 422, "nbest 9 is out of range"),
+        ({"text": ["a"], "align": "yes"}, 400, "align must be true or false"),
     ],
 )
 def test_translate_requests_out_of_type_or_range_are_refused(sample_tokenizer, obj, status, words):
