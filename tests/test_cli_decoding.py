@@ -89,6 +89,9 @@ def test_tfm_score_writes_a_line_a_pair(tiny_run, files, tmp_path):
         (["score", "--tgt", "{tgt_short}"], "has 2 lines and --tgt"),
         (["score", "--tgt", "{tgt_empty}"], "line 2: the target is empty"),
         (["score", "--tgt", "{tgt_long}"], "line 1: the target is"),
+        (["score", "--tgt", "{tgt_two}", "--src", "{src_gap}"], "line 2: the source is empty"),
+        (["score", "--tgt", "{tgt_two}", "--format", "csv"], "--format takes tsv or jsonl, not 'csv'"),
+        (["translate", "--prefix", "A", "--prefix-file", "{prefixes_short}"], "give one of them"),
     ],
 )
 def test_bad_decoding_input_is_one_line_and_writes_nothing(tiny_run, files, tmp_path, args, words):
@@ -96,9 +99,12 @@ def test_bad_decoding_input_is_one_line_and_writes_nothing(tiny_run, files, tmp_
     (tmp_path / "tgt_short").write_text("A man.\n", encoding="utf-8")
     (tmp_path / "tgt_empty").write_text("A man.\n\n", encoding="utf-8")
     (tmp_path / "tgt_long").write_text("man " * 80 + "\nTwo.\n", encoding="utf-8")
+    (tmp_path / "tgt_two").write_text("A man.\nTwo.\n", encoding="utf-8")
+    (tmp_path / "src_gap").write_text("Ein Mann.\n\n", encoding="utf-8")
     args = [str(tmp_path / a[1:-1]) if a.startswith("{") else a for a in args]
     out = tmp_path / "written"
     inputs = ["--input", files["src"]] if args[0] == "translate" else ["--src", files["src"]]
+    inputs = [] if "--src" in args else inputs
     r = tfm(args[0], "--checkpoint", tiny_run.run_dir / "best", *inputs, *args[1:], "-o", out)
     assert r.exit_code == 2 and words in one_error_line(r.stderr), r.output
     assert not out.exists()
