@@ -77,9 +77,15 @@ def tfm_decoder(
     return decode
 
 
-def _limits(ids: list[list[int]], a: float, b: int) -> list[int]:
-    """tfm's most output tokens per sentence for sources ``ids`` (without <END>, which tfm's search counts)."""
-    return max_output_lengths(torch.tensor([len(x) + 1 for x in ids]), a, b).tolist()
+def _limits(ids: list[list[int]], a: float, b: int, positions: int) -> list[int]:
+    """tfm's most output tokens per sentence for sources ``ids`` (without <END>, which tfm's search counts), within
+    the exported position table, which a peer cannot run past."""
+    return max_output_lengths(torch.tensor([len(x) + 1 for x in ids]), a, b).clamp(max=positions - 1).tolist()
+
+
+def _sources(tok: Tokenizer, lines: list[str], positions: int) -> list[list[int]]:
+    """Token ids per line, cut as tfm cuts a source too long for the model's positions (room kept for <END>)."""
+    return [ids[: positions - 1] for ids in tok.encode_batch(lines)]
 
 
 def _until_end(row: list[int], end_id: int, limit: int) -> list[int]:
@@ -89,13 +95,13 @@ def _until_end(row: list[int], end_id: int, limit: int) -> list[int]:
 def marian_decoder(loaded: checkpoint.Loaded, length_penalty: float, device: str = "cpu", peer=None) -> Decoder:
     """transformers' ``generate`` on a MarianMTModel holding tfm's weights: ``peer`` (on ``device``), or one built
     here with the checkpoint's tensors copied in."""
-    tok, d = loaded.tokenizer, loaded.cfg.decode
+    tok, d, positions = loaded.tokenizer, loaded.cfg.decode, loaded.cfg.model.max_positions
     if peer is None:
         peer = copy_tfm_weights(build_marian(loaded.cfg.model, tok).to(device), loaded.model).eval()
 
     def run(lines: list[str], beam: int) -> list[str]:
-        ids = tok.encode_batch(lines)
-        limits = _limits(ids, d.max_len_a, d.max_len_b)
+        ids = _sources(tok, lines, positions)
+        limits = _limits(ids, d.max_len_a, d.max_len_b, positions)
         src = source_tensor(ids, tok).to(device)
         stop = {"early_stopping": True, "length_penalty": length_penalty} if beam > 1 else {}
         with torch.inference_mode():
@@ -135,7 +141,13 @@ def ct2_folder(workdir: Path, precision: str, alpha: float) -> Path:
 
 
 def ct2_decoder(
-    tok: Tokenizer, decode: DecodeConfig, workdir: Path, precision: str, alpha: float, device: str = "cpu"
+    tok: Tokenizer,
+    decode: DecodeConfig,
+    positions: int,
+    workdir: Path,
+    precision: str,
+    alpha: float,
+    device: str = "cpu",
 ) -> Decoder:
     """CTranslate2 on ``device`` on the model exported into ``ct2_folder`` (fp32, as exported, or with its weights
     converted when loading: int8, bf16), with length penalty ``alpha``. Runs no torch operator: see the module's
@@ -150,8 +162,8 @@ def ct2_decoder(
     index = {t: i for i, t in enumerate(vocab)}
 
     def run(lines: list[str], beam: int) -> list[str]:
-        ids = tok.encode_batch(lines)
-        limits = _limits(ids, decode.max_len_a, decode.max_len_b)
+        ids = _sources(tok, lines, positions)
+        limits = _limits(ids, decode.max_len_a, decode.max_len_b, positions)
         out = translator.translate_batch(
             [[vocab[i] for i in x] for x in ids],
             beam_size=beam,
@@ -166,8 +178,8 @@ def ct2_decoder(
 def exported_ct2(path: Path, precision: str, alpha: float, workdir: Path) -> Decoder:
     """``ct2_decoder`` for checkpoint ``path``, whose export is already in ``ct2_folder``: reads the config and the
     tokenizer only, so the process that runs it never builds the model."""
-    tok = Tokenizer.load(path / checkpoint.TOKENIZER)
-    return ct2_decoder(tok, checkpoint.read_config(path).decode, workdir, precision, alpha)
+    tok, cfg = Tokenizer.load(path / checkpoint.TOKENIZER), checkpoint.read_config(path)
+    return ct2_decoder(tok, cfg.decode, cfg.model.max_positions, workdir, precision, alpha)
 
 
 def batches(lines: list[str], tok, setting: Setting, count: int, seed: int = 0) -> list[list[int]]:
@@ -244,7 +256,9 @@ def build(loaded: checkpoint.Loaded, system: str, precision: str, alpha: float, 
         return marian_decoder(loaded, alpha)
     if system == "ctranslate2":
         export(loaded.path, ct2_folder(workdir, precision, alpha), overwrite=True)
-        return ct2_decoder(loaded.tokenizer, loaded.cfg.decode, workdir, precision, alpha)
+        return ct2_decoder(
+            loaded.tokenizer, loaded.cfg.decode, loaded.cfg.model.max_positions, workdir, precision, alpha
+        )
     raise ValueError(f"no decoding system {system} in {precision}")
 
 

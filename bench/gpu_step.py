@@ -374,7 +374,9 @@ def ct2_gpu(loaded: checkpoint.Loaded, workdir: Path, device: torch.device) -> t
             return None, "this ctranslate2 sees no CUDA device"
         alpha = loaded.cfg.decode.alpha
         export(loaded.path, decode_speed.ct2_folder(workdir, "bf16", alpha), overwrite=True)
-        return decode_speed.ct2_decoder(loaded.tokenizer, loaded.cfg.decode, workdir, "bf16", alpha, "cuda"), ""
+        return decode_speed.ct2_decoder(
+            loaded.tokenizer, loaded.cfg.decode, loaded.cfg.model.max_positions, workdir, "bf16", alpha, "cuda"
+        ), ""
     except Exception as e:  # noqa: BLE001 - a peer that cannot run here is recorded, not fatal
         return None, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
 

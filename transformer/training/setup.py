@@ -24,7 +24,7 @@ from transformer.measured import measured_training
 from transformer.model.transformer import Transformer
 from transformer.runtime.device import resolve_device
 from transformer.runtime.memory import check_fits
-from transformer.runtime.precision import PRECISIONS, training_precision
+from transformer.runtime.precision import PRECISIONS, check_precision, training_precision
 from transformer.text.corpus import locate
 from transformer.text.directions import direction_data
 from transformer.text.tokenizer import Tokenizer
@@ -39,10 +39,11 @@ def placed(cfg: Config, resume: bool, log: Callable[[str], None]) -> tuple[Confi
     """``cfg`` with its precision and the model it starts from (``train.init``, unless resuming) resolved, and the
     device it trains on; refuses what cannot run there."""
     cfg = cfg if resume else init.resolve(cfg, log)
-    for src, tgt in cfg.data.pairs():  # the data is found before anything slow (the precision's measurement)
-        locate(direction_data(cfg.data, src, tgt))
     device = distributed.local_device(resolve_device(cfg.device))
     check_fits(cfg.model, cfg.tokenizer.vocab_size, device, True, "the config's model")
+    check_precision(cfg.precision, device, training=True)  # what the config alone refuses comes first
+    for src, tgt in cfg.data.pairs():  # then the data is found, before anything slow (the precision's measurement)
+        locate(direction_data(cfg.data, src, tgt))
     # a CPU without AMX is measured, by one process only (ranks under torchrun keep fp32 rather than each choose)
     alone = distributed.launched_world() == 1
     measured = (lambda: measured_training(cfg.model, cfg.tokenizer.vocab_size, log)) if alone else None
