@@ -15,6 +15,7 @@ import statistics
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib import metadata
@@ -162,3 +163,18 @@ def run_sections(sections: dict[str, Callable[[], Any]], names: list[str], resul
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {path}")
+
+
+def host_waits(work: Callable[[], object], device: torch.device) -> int | None:
+    """How often the host waited for the device while ``work`` ran (CUDA's sync debug mode; None on a CPU)."""
+    if device.type != "cuda":
+        work()
+        return None
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            work()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in seen)

@@ -32,33 +32,26 @@ from __future__ import annotations
 
 import argparse
 import gc
-import gzip
 import importlib.util
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
-import warnings
-from collections import Counter
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import torch
 
-from bench import decode_speed, train_speed
-from bench.common import DEFAULT_DATA, ROOT, interleave, machine, median, paired_ratio, run_sections
+from bench import train_speed
+from bench.common import DEFAULT_DATA, ROOT, host_waits, interleave, machine, median, paired_ratio, run_sections
+from bench.gpu_decode import decode_grid
+from bench.gpu_profile import profile
 from bench.marian_peer import build_marian
-from transformer import checkpoint
 from transformer.config import Config
 from transformer.config_file import load
-from transformer.decoding import host
-from transformer.decoding.translator import TranslateOptions, Translator
-from transformer.export.write import export
 from transformer.model.transformer import Transformer
 from transformer.runtime.precision import PRECISIONS, training_precision
 from transformer.text.batching import EncodedCorpus, encode_corpus, make_batches
@@ -88,18 +81,6 @@ SECTIONS = {  # the systems each training section alternates, besides "levers of
     "compile": ["compiled layers", "compiled loss", "compiled layers and loss", "all levers"],
     "whole": ["all levers", "all levers, whole model compiled"],
 }
-FAMILIES = [  # kernel name pattern -> family, first match wins
-    ("triton (compiled)", r"triton"),
-    ("matmul", r"gemm|nvjet|xmma|cutlass|cublas|s\d+816|wgmma"),
-    ("attention", r"fmha|flash|attention|attn"),
-    ("optimizer", r"adam|multi_tensor|foreach|norm_kernel_cuda|lpnorm"),
-    ("layer norm", r"layer_norm|layernorm"),
-    ("dropout", r"dropout|bernoulli|philox"),
-    ("softmax / loss", r"softmax|logsumexp|nll|cross_entropy|scatter|gather"),
-    ("reduction", r"reduce"),
-    ("copy / cast / fill", r"copy|cast|convert|fill|memset|memcpy|index"),
-    ("elementwise", r"elementwise|vectorized|unrolled"),
-]
 BLOCK = 8  # updates in a timed block: the cycle of distinct updates' batches
 QUICK = [
     "model.N=1",
@@ -171,21 +152,6 @@ class System:
         return waits
 
 
-def host_waits(work: Callable[[], object], device: torch.device) -> int | None:
-    """How often the host waited for the device while ``work`` ran (CUDA's sync debug mode; None on a CPU)."""
-    if device.type != "cuda":
-        work()
-        return None
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            work()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message) for w in seen)
-
-
 class Marian:
     """MarianMTModel of the same shape on the levers-off batches: its logits, ``F.cross_entropy``, the same update."""
 
@@ -253,58 +219,6 @@ def first_updates(data: EncodedCorpus, cfg: Config, count: int) -> list[list[lis
     return [order[i : i + size] for i in range(0, min(len(order), count * size), size)]
 
 
-def family(name: str) -> str:
-    for fam, pattern in FAMILIES:
-        if re.search(pattern, name, re.IGNORECASE):
-            return fam
-    return "other"
-
-
-def profile(system: System, start: int, updates: int) -> dict[str, Any]:
-    """One system's updates ``start + 1 .. start + updates`` under torch.profiler: per-update wall and GPU busy time,
-    kernel launches, GPU time by kernel family (CPU only: operator time, no kernels)."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
-    cuda = system.device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with torch_profile(activities=activities) as prof:
-        began = time.perf_counter()
-        system.run(start, updates)
-        wall = (time.perf_counter() - began) / updates
-    kernels: Counter = Counter()
-    by_family: Counter = Counter()
-    count = 0
-    for e in prof.events():
-        if cuda and e.device_type == torch.autograd.DeviceType.CUDA:
-            us = e.device_time if hasattr(e, "device_time") else e.cuda_time
-            kernels[e.name] += us
-            by_family[family(e.name)] += us
-            count += 1
-    busy = sum(by_family.values()) / 1e6 / updates
-    out = {
-        "wall_s_per_update": wall,
-        "gpu_busy_s_per_update": busy if cuda else None,
-        "gpu_busy_share": busy / wall if cuda else None,
-        "kernels_per_update": count / updates if cuda else None,
-        "gpu_s_per_update_by_family": {k: v / 1e6 / updates for k, v in by_family.most_common()},
-        "top_kernels_s_per_update": {k[:120]: v / 1e6 / updates for k, v in kernels.most_common(12)},
-    }
-    if not cuda:
-        ops = prof.key_averages()
-        out["top_ops_cpu_s_per_update"] = {
-            o.key: o.self_cpu_time_total / 1e6 / updates for o in sorted(ops, key=lambda o: -o.self_cpu_time_total)[:12]
-        }
-    print(
-        f"  wall {wall * 1e3:.1f} ms/update"
-        + (f", GPU busy {busy * 1e3:.1f} ms ({busy / wall:.0%}), {count / updates:.0f} kernels/update" if cuda else ""),
-        flush=True,
-    )
-    for k, v in list(out["gpu_s_per_update_by_family"].items())[:8]:
-        print(f"    {k:>20}: {v * 1e3:6.2f} ms", flush=True)
-    return out
-
-
 def train_run(name: str, data: str, runs: Path, steps: int, sets: list[str], inductor_cache: Path) -> dict[str, Any]:
     """``tfm train --config base-gpu`` for ``steps`` updates, in a process of its own with ``inductor_cache`` as
     inductor's cache, validating once at the end; the figures of its log."""
@@ -349,113 +263,6 @@ def train_run(name: str, data: str, runs: Path, steps: int, sets: list[str], ind
         flush=True,
     )
     return row
-
-
-def hf_decoder(
-    folder: Path, loaded: checkpoint.Loaded, dtype: torch.dtype, device: torch.device
-) -> decode_speed.Decoder:
-    """``generate`` of the Hugging Face export in ``folder``, loaded with transformers alone, in ``dtype``."""
-    from transformers import MarianMTModel
-
-    peer = MarianMTModel.from_pretrained(folder).to(device, dtype).eval()
-    return decode_speed.marian_decoder(loaded, loaded.cfg.decode.alpha, str(device), peer=peer)
-
-
-def ct2_gpu(loaded: checkpoint.Loaded, workdir: Path, device: torch.device) -> tuple[Any, str]:
-    """CTranslate2 on this GPU in bf16, or None and why not."""
-    if device.type != "cuda":
-        return None, "CTranslate2 is measured on a GPU only (bench.run measures it on the CPU)"
-    if importlib.util.find_spec("ctranslate2") is None:
-        return None, "ctranslate2 is not installed"
-    try:
-        import ctranslate2
-
-        if ctranslate2.get_cuda_device_count() < 1:
-            return None, "this ctranslate2 sees no CUDA device"
-        alpha = loaded.cfg.decode.alpha
-        export(loaded.path, decode_speed.ct2_folder(workdir, "bf16", alpha), overwrite=True)
-        return decode_speed.ct2_decoder(
-            loaded.tokenizer, loaded.cfg.decode, loaded.cfg.model.max_positions, workdir, "bf16", alpha, "cuda"
-        ), ""
-    except Exception as e:  # noqa: BLE001 - a peer that cannot run here is recorded, not fatal
-        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-
-
-def search_waits(loaded: checkpoint.Loaded, lines: list[str], precision: str, device: torch.device) -> dict[str, Any]:
-    """Greedy and beam 5 over one batch of ``lines``: the search's steps, its reads of the device (host.to_host) and
-    every wait of the host for the device (on CUDA), the batch's own transfers in and out included."""
-    out: dict[str, Any] = {}
-    for beam in (1, 5):
-        options = TranslateOptions(device, precision, beam=beam, nbest=1, batch_tokens=10**9)
-        translator = Translator.from_checkpoint(loaded, options)
-        translator.translate_chunk(lines)  # warm: what is made once per Translator or shape is not a step's
-        counts: Counter[str] = Counter()
-        reads, step = host.to_host, translator.model.decode_step
-
-        def read(*tensors: torch.Tensor) -> list[torch.Tensor]:
-            counts["reads"] += 1
-            return reads(*tensors)
-
-        def decode_step(*args: Any) -> torch.Tensor:
-            counts["steps"] += 1
-            return step(*args)
-
-        host.to_host, translator.model.decode_step = read, decode_step
-        try:
-            waits = host_waits(lambda: translator.translate_chunk(lines), device)
-        finally:
-            host.to_host = reads
-            del translator.model.decode_step
-        search = "greedy" if beam == 1 else f"beam {beam}"
-        out[search] = {"sentences": len(lines), **counts, "host_waits": waits}
-        print(f"  {search}, one batch of {len(lines)}: {dict(out[search])}", flush=True)
-    return out
-
-
-def decode_grid(ckpt: Path, data: str, device: torch.device, quick: bool) -> dict[str, Any]:
-    """test_2016_flickr, greedy and beam 5, 1 and 64 sentences a batch: tfm against generate (and CTranslate2)."""
-    loaded = checkpoint.load(ckpt, "cpu")
-    d = loaded.cfg.data
-    name = "test_2016_flickr"
-    lines = gzip.open(Path(data) / f"{name}.{d.src_lang}.gz", "rt", encoding="utf-8").read().splitlines()
-    refs = gzip.open(Path(data) / f"{name}.{d.tgt_lang}.gz", "rt", encoding="utf-8").read().splitlines()
-    precision = "bf16" if device.type == "cuda" else "fp32"
-    dtype = PRECISIONS[precision].dtype
-    out: dict[str, Any] = {"checkpoint": str(ckpt), "precision": precision, "sentences": len(lines)}
-    with tempfile.TemporaryDirectory() as tmp:
-        systems = {
-            "tfm": decode_speed.tfm_decoder(loaded, precision, str(device)),
-            "generate": hf_decoder(export(ckpt, Path(tmp) / "hf", fmt="hf"), loaded, dtype, device),
-        }
-        ct2, why = ct2_gpu(loaded, Path(tmp), device)
-        if ct2 is not None:
-            systems["ctranslate2"] = ct2
-        out["ctranslate2"] = why or "measured"
-        for beam in (1, 5):
-            for batch, rounds, per_round in ((1, 2, 4), (64, 1, 2)) if quick else ((1, 4, 25), (64, 4, 4)):
-                row = decode_speed.measure(
-                    systems,
-                    lines,
-                    refs,
-                    loaded.tokenizer,
-                    d.tgt_lang,
-                    decode_speed.Setting(beam, batch),
-                    rounds,
-                    per_round,
-                )
-                search = "greedy" if beam == 1 else f"beam {beam}"
-                out[f"{search}, batch {batch}"] = row
-                print(
-                    f"  {search}, batch {batch}: "
-                    + ", ".join(
-                        f"{k} {v['sentences_per_s']:.1f} sent/s (tfm {v['tfm_speedup']:.2f}x, BLEU {v['bleu']:.2f}, "
-                        f"{v['identical_to_tfm']:.0%} as tfm)"
-                        for k, v in row.items()
-                    ),
-                    flush=True,
-                )
-    out["host waits, batch 64"] = search_waits(loaded, lines[:64], precision, device)
-    return out
 
 
 def main() -> None:
