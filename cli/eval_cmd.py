@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cli.decode_flags import flag
 from cli.exits import fail
 from cli.guards import check_folder, check_input, check_reports
 from transformer.errors import WriteError
@@ -51,8 +52,8 @@ class Asked:
         """The ``tfm eval`` command line that gives a report again, for the report and a model card."""
         args = ["tfm", "eval"] + [arg for path in paths for arg in ("--checkpoint", str(path))]
         o = self.options
-        named = {"--split": self.split, "--src": self.src, "--ref": self.ref, "--beam": o.get("beam"), "--alpha": alpha}
-        named |= {"--data-dir": self.data_dir, "--to": to}
+        named = {"--split": self.split, "--src": self.src, "--ref": self.ref, flag("beam"): o.get("beam")}
+        named |= {flag("alpha"): alpha, "--data-dir": self.data_dir, flag("to"): to}
         for option, value in named.items():
             if value is not None:
                 args += [option, f"{value:g}" if isinstance(value, float) else str(value)]

@@ -7,7 +7,6 @@ exits with code 2. Process-wide settings (OpenMP, threads, oneDNN's cache) come 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -15,21 +14,15 @@ from typing import List, Optional
 
 import typer
 
+from cli import decode_flags
+from cli.decode_flags import option
 from cli.distill_cmd import distill
 from cli.exits import OneLineErrors, fail, user_errors
-from cli.guards import DECODING_PRECISIONS, check_creatable, check_output, count, within
+from cli.guards import DECODING_PRECISIONS, check_creatable, check_output, count
 from transformer.runtime.process import configure_before_torch
 from transformer.storage.files import check_apart
 
 configure_before_torch()  # before any command loads torch
-
-
-def decode_settings(values: dict) -> dict:
-    """The decode settings among a command's arguments: those named after ``DecodeConfig``'s fields (so a flag is
-    one only if its parameter carries a field's name), given over the checkpoint's."""
-    from transformer.config import DecodeConfig
-
-    return {f.name: values[f.name] for f in dataclasses.fields(DecodeConfig) if f.name in values}
 
 
 def _cores() -> int:
@@ -97,36 +90,18 @@ def translate(
     ),
     input_: Optional[Path] = typer.Option(None, "--input", "-i", help="File with one sentence per line"),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write translations here (default: stdout)"),
-    beam: Optional[int] = typer.Option(
-        None, "--beam", callback=within("decode.beam"), help="Beam size (default: the config's, 4)"
-    ),
+    beam: Optional[int] = option("beam", "Beam size (default: the config's, 4)"),
     greedy: bool = typer.Option(False, "--greedy", help="Greedy search (same as --beam 1)"),
-    alpha: Optional[float] = typer.Option(
-        None, "--alpha", callback=within("decode.alpha"), help="Beam length penalty (default: the config's)"
-    ),
-    nbest: int = typer.Option(
-        1, "--nbest", callback=within("decode.nbest"), help="Print the K best: 'line ||| text ||| score'"
-    ),
-    batch_tokens: Optional[int] = typer.Option(
-        None, "--batch-tokens", "--batch-size", callback=within("decode.batch_tokens"), help="Source tokens per batch"
-    ),
-    to: Optional[str] = typer.Option(None, "--to", help="Language to translate into (needed by a model of several)"),
-    sample: Optional[bool] = typer.Option(None, "--sample", help="Draw each token from the model instead of searching"),
-    temperature: Optional[float] = typer.Option(
-        None, "--temperature", callback=within("decode.temperature"), help="Sampling: logits over this (default 1)"
-    ),
-    top_k: Optional[int] = typer.Option(
-        None, "--top-k", callback=within("decode.top_k"), help="Sampling: from the K most probable tokens only"
-    ),
-    top_p: Optional[float] = typer.Option(
-        None, "--top-p", callback=within("decode.top_p"), help="Sampling: from the tokens holding P of the probability"
-    ),
-    seed: Optional[int] = typer.Option(
-        None, "--seed", callback=within("decode.seed"), help="Sampling: with each line's number, seeds its draws"
-    ),
-    align_layer: Optional[int] = typer.Option(
-        None, "--align-layer", callback=within("decode.align_layer"), help="Layer --align reads (default: the last)"
-    ),
+    alpha: Optional[float] = option("alpha", "Beam length penalty (default: the config's)"),
+    nbest: int = option("nbest", "Print the K best (or K samples): 'line ||| text ||| score'", default=1),
+    batch_tokens: Optional[int] = option("batch_tokens", "Source tokens per batch", "--batch-size"),
+    to: Optional[str] = option("to", "Language to translate into (needed by a model of several)"),
+    sample: Optional[bool] = option("sample", "Draw each token from the model instead of searching"),
+    temperature: Optional[float] = option("temperature", "Sampling: logits over this (default 1)"),
+    top_k: Optional[int] = option("top_k", "Sampling: from the K most probable tokens only"),
+    top_p: Optional[float] = option("top_p", "Sampling: from the tokens holding P of the probability"),
+    seed: Optional[int] = option("seed", "Sampling: with each line's number, seeds its draws"),
+    align_layer: Optional[int] = option("align_layer", "Layer --align reads (default: the last)"),
     align: bool = typer.Option(False, "--align", help="Print each line's word alignment: 'text ||| i-j ...'"),
     prefix: Optional[str] = typer.Option(None, "--prefix", help="Start every translation with this text"),
     prefix_file: Optional[Path] = typer.Option(None, "--prefix-file", help="One prefix a line, one per input line"),
@@ -141,7 +116,7 @@ def translate(
 
     with user_errors():
         beam = 1 if greedy else beam
-        options = TranslateOptions(device, precision, **decode_settings(locals()))
+        options = TranslateOptions(device, precision, **decode_flags.settings(locals()))
         run_translate(text, checkpoint, input_, output, runs, overwrite, options, align, prefix, prefix_file)
 
 
@@ -154,12 +129,7 @@ def serve(
     port: int = typer.Option(8000, "--port", help="Port to listen on (0: any free port)"),
     device: str = typer.Option("auto", "--device", help="auto|cpu|cuda|cuda:N|mps"),
     precision: str = typer.Option("fp32", "--precision", help=DECODING_PRECISIONS),
-    batch_tokens: Optional[int] = typer.Option(
-        None,
-        "--batch-tokens",
-        callback=within("decode.batch_tokens"),
-        help="Source tokens per batch (default: the config's)",
-    ),
+    batch_tokens: Optional[int] = option("batch_tokens", "Source tokens per batch (default: the config's)"),
     max_wait_ms: float = typer.Option(
         5.0, "--max-wait-ms", help="How long a request waits for others to join its batch"
     ),
@@ -171,7 +141,7 @@ def serve(
     from transformer.decoding.translator import TranslateOptions
 
     with user_errors():
-        options = TranslateOptions(device, precision, **decode_settings(locals()), nbest=1)
+        options = TranslateOptions(device, precision, **decode_flags.settings(locals()), nbest=1)
         run_serve(checkpoint, host, port, max_wait_ms, runs, options)
 
 
@@ -184,14 +154,9 @@ def eval_(
     src: Optional[Path] = typer.Option(None, "--src", help="Source file to translate instead of a split"),
     ref: Optional[Path] = typer.Option(None, "--ref", help="Reference file for --src or --hyp"),
     hyp: Optional[Path] = typer.Option(None, "--hyp", help="Score this hypothesis file against --ref (no model)"),
-    beam: Optional[int] = typer.Option(
-        None, "--beam", callback=within("decode.beam"), help="Beam size (default: the config's, 4)"
-    ),
-    alpha: Optional[List[float]] = typer.Option(
-        None,
-        "--alpha",
-        callback=within("decode.alpha"),
-        help="Beam length penalty (default: the config's); repeat it to score several from one beam search",
+    beam: Optional[int] = option("beam", "Beam size (default: the config's, 4)"),
+    alpha: Optional[List[float]] = option(
+        "alpha", "Beam length penalty (default: the config's); repeat it to score several from one beam search"
     ),
     data_dir: Optional[str] = typer.Option(
         None, "--data-dir", help="Corpus location (overrides the checkpoint's data.path)"
@@ -203,7 +168,7 @@ def eval_(
         None, "--output-dir", help="Write hypotheses and scores here (default: <checkpoint>/eval)"
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a report of the same split and settings"),
-    to: Optional[str] = typer.Option(None, "--to", help="A multilingual model's direction into this language only"),
+    to: Optional[str] = option("to", "A multilingual model's direction into this language only"),
     from_: Optional[str] = typer.Option(
         None, "--from", help="A multilingual model's direction from this language only"
     ),
@@ -218,7 +183,7 @@ def eval_(
             fail("--src and --ref go together; give both, or neither to use the config's test split")
         grid = alpha
         alpha = grid[0] if grid else None  # the first; tfm eval scores each of a grid from one beam search
-        options = TranslateOptions(device, precision, **decode_settings(locals()), nbest=1)
+        options = TranslateOptions(device, precision, **decode_flags.settings(locals()), nbest=1)
         run_eval(checkpoint, split, src, ref, hyp, data_dir, runs, output_dir, grid, overwrite, options, from_)
 
 
@@ -232,13 +197,9 @@ def score(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the scores here (default: stdout)"),
     format_: str = typer.Option("tsv", "--format", help="tsv (line, log-prob, score, tokens) or jsonl"),
     tokens: bool = typer.Option(False, "--tokens", help="Add each token's log-probability (<END> last)"),
-    alpha: Optional[float] = typer.Option(
-        None, "--alpha", callback=within("decode.alpha"), help="Length penalty of the score (default: the config's)"
-    ),
-    to: Optional[str] = typer.Option(None, "--to", help="A multilingual model's target language"),
-    batch_tokens: Optional[int] = typer.Option(
-        None, "--batch-tokens", callback=within("decode.batch_tokens"), help="Source tokens per batch"
-    ),
+    alpha: Optional[float] = option("alpha", "Length penalty of the score (default: the config's)"),
+    to: Optional[str] = option("to", "A multilingual model's target language"),
+    batch_tokens: Optional[int] = option("batch_tokens", "Source tokens per batch"),
     device: str = typer.Option("auto", "--device", help="auto|cpu|cuda|cuda:N|mps"),
     precision: str = typer.Option("fp32", "--precision", help=DECODING_PRECISIONS),
     runs: Path = typer.Option(Path("runs"), "--runs", help="Where to look for the newest run"),
@@ -251,7 +212,7 @@ def score(
     from transformer.decoding.translator import TranslateOptions
 
     with user_errors():
-        options = TranslateOptions(device, precision, **decode_settings(locals()))
+        options = TranslateOptions(device, precision, **decode_flags.settings(locals()))
         run_score(checkpoint, src, tgt, output, format_, tokens, runs, overwrite, options)
 
 
@@ -304,7 +265,7 @@ def attention(
     output: Path = typer.Option(Path("attention.png"), "--output", "-o", help="PNG to write"),
     runs: Path = typer.Option(Path("runs"), "--runs", help="Where to look for the newest run"),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --output file"),
-    to: Optional[str] = typer.Option(None, "--to", help="Language to translate into (needed by a model of several)"),
+    to: Optional[str] = option("to", "Language to translate into (needed by a model of several)"),
 ) -> None:
     """Draw a heatmap of encoder-decoder attention (or --self attention) for one sentence (needs matplotlib)."""
     with user_errors():
