@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from transformer import checkpoint
+from transformer.config import DataConfig
 from transformer.decoding.search import beam_search
 from transformer.decoding.translator import TranslateOptions, Translator
 from transformer.text.batching import collate, encode_corpus, make_batches, source_tensor
@@ -48,10 +49,10 @@ def main(ckpt: str, data: str) -> None:
         translator.translate_chunk([line])
     single_s = time.perf_counter() - start
 
-    cfg = loaded.cfg
-    cfg.data.path = data
+    d = loaded.cfg.data  # Multi30k's validation pairs in the model's pair, whatever data the model was trained on
+    valid = load_split(DataConfig(format="multi30k", path=data, src_lang=d.src_lang, tgt_lang=d.tgt_lang), "val")
     cache = Path(tempfile.gettempdir()) / "tfm-bench-cache"
-    enc = encode_corpus(load_split(cfg.data, cfg.data.valid_split), tok, cfg.data.max_len, cache)
+    enc = encode_corpus(valid, tok, d.max_len, cache)
     batches = [collate(enc, idx, tok) for idx in make_batches(enc, 1500, 0, 0)[:4]]
     opt = torch.optim.Adam(model.parameters(), lr=1e-5)
     model.train()

@@ -40,7 +40,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize(
     "sections, keys",
-    [("train", ["train"]), ("decode,int8,startup", ["decode", "int8", "startup_memory"])],
+    [
+        ("train", ["train"]),
+        ("decode,int8,startup", ["decode", "int8", "startup_memory"]),
+        ("memory,levers,contended", ["startup_memory", "levers"]),
+    ],
 )
 def test_bench_run_sections_run_at_their_quick_size(tiny_run, multi30k_dir, tmp_path, sections, keys):
     """Each section of bench.run runs end to end at its quick size (a few test lines, the tiny run's model), so a
