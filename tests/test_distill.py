@@ -89,6 +89,19 @@ def test_what_cannot_be_distilled_is_refused_in_one_line(tiny_run, tmp_path):
     assert any("is bigger than its teacher" in m for m in said)
 
 
+def test_a_multilingual_teacher_distils_the_run_s_direction_with_its_tag(tiny_tagged_run, tmp_path):
+    teacher = tiny_tagged_run.run_dir / "best"
+    cfg = _cfg(tmp_path, teacher, data={"src_lang": "en", "tgt_lang": "de"})
+    found = distill.teachers(cfg, TranslateOptions("cpu", beam=2), print)
+    assert found.translator.target == "de" and found.translator.tag == found.translator.tokenizer.tags["de"]
+    distill.distil(cfg, found, True, print)
+    sources = (SAMPLE / "train.en").read_text(encoding="utf-8").splitlines()
+    by_hand = Translator.from_checkpoint(teacher, TranslateOptions("cpu", beam=2)).to("de").translate(sources)
+    assert (distill.folder(cfg) / "train.de").read_text(encoding="utf-8").splitlines() == [t.best for t in by_hand]
+    with pytest.raises(TrainError, match="translates de->en, en->de and the data de->fr"):
+        distill.teachers(_cfg(tmp_path, teacher, data={"tgt_lang": "fr"}), TranslateOptions("cpu"), print)
+
+
 def test_a_corpus_edited_between_stages_is_refused_with_how_to_start_again(tiny_run, tmp_path):
     cfg = _cfg(tmp_path, tiny_run.run_dir / "best")
     distill.distil(cfg, distill.teachers(cfg, TranslateOptions("cpu", beam=2), print), True, print)

@@ -66,18 +66,18 @@ def student_config(cfg: Config) -> Config:
 
 
 def teachers(cfg: Config, options: TranslateOptions, log: Callable[[str], None]) -> Teachers:
-    """The teachers of ``cfg.distill``, checked against the student: they translate the run's language pair, and the
-    student asks for their tokenizer's settings (it takes their tokenizer); a student bigger than the teacher is said,
-    not refused."""
+    """The teachers of ``cfg.distill``, checked against the student: they translate the run's language pair (a
+    multilingual teacher among its directions, with its target's tag), and the student asks for their tokenizer's
+    settings (it takes their tokenizer); a student bigger than the teacher is said, not refused."""
     paths = [Path(p) for p in cfg.distill.teachers]
     if not paths:
         raise TrainError("no teacher to distil from; give --teacher CHECKPOINT (repeat it for an ensemble)")
     first = checkpoint.load(paths[0], "cpu")
-    pair, theirs = (cfg.data.src_lang, cfg.data.tgt_lang), (first.cfg.data.src_lang, first.cfg.data.tgt_lang)
-    if pair != theirs or first.cfg.data.tagged:
+    pair, theirs = (cfg.data.src_lang, cfg.data.tgt_lang), first.cfg.data.pairs()
+    if pair not in theirs:
         raise TrainError(
-            f"the teacher {paths[0]} translates {'->'.join(theirs)} and the data {'->'.join(pair)}; distil from a "
-            "teacher of the run's language pair"
+            f"the teacher {paths[0]} translates {', '.join('->'.join(p) for p in theirs)} and the data "
+            f"{'->'.join(pair)}; distil from a teacher of the run's language pair"
         )
     ours, yours = _settings(cfg.tokenizer), _settings(first.cfg.tokenizer)
     if ours != yours:
@@ -90,7 +90,7 @@ def teachers(cfg: Config, options: TranslateOptions, log: Callable[[str], None])
     teacher = sum(p.numel() for p in first.model.parameters())
     if student > teacher:
         log(f"note: the student ({student:,} parameters) is bigger than its teacher ({teacher:,}); distilling anyway")
-    translator = Translator.from_checkpoint(paths, options)
+    translator = Translator.from_checkpoint(paths, options).to(cfg.data.tgt_lang if first.cfg.data.tagged else None)
     fingerprints = [hashlib.sha256((p / checkpoint.WEIGHTS).read_bytes()).hexdigest() for p in paths]
     return Teachers(translator, fingerprints)
 
