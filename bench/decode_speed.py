@@ -270,9 +270,32 @@ def own_processes(
     if not apart:
         yield {name: build(loaded, name, precision, alpha, workdir) for name in systems}
         return
-    if "ctranslate2" in systems:  # here, so that CTranslate2's process runs no torch operator
-        export(loaded.path, ct2_folder(workdir, precision, alpha), overwrite=True)
-    commands = {n: ["bench.decode_worker", str(loaded.path), n, precision, str(alpha), str(workdir)] for n in systems}
+    with in_workers({name: Worker(loaded, name, precision, alpha, workdir) for name in systems}) as made:
+        yield made
+
+
+@dataclass
+class Worker:
+    """What one worker process decodes with: a checkpoint, a system in a precision, a length penalty, and the folder
+    its CTranslate2 export goes in (one folder per checkpoint)."""
+
+    loaded: checkpoint.Loaded
+    system: str
+    precision: str
+    alpha: float
+    workdir: Path
+
+
+@contextmanager
+def in_workers(runs: dict[str, Worker]) -> Iterator[dict[str, Decoder]]:
+    """Each named ``Worker`` decoding in a process of its own (bench.decode_worker)."""
+    for w in runs.values():
+        if w.system == "ctranslate2":  # exported here, so that CTranslate2's process runs no torch operator
+            export(w.loaded.path, ct2_folder(w.workdir, w.precision, w.alpha), overwrite=True)
+    commands = {
+        name: ["bench.decode_worker", str(w.loaded.path), w.system, w.precision, str(w.alpha), str(w.workdir)]
+        for name, w in runs.items()
+    }
     with workers(commands) as ask:
 
         def proxy(send: Callable[[str], str]) -> Decoder:

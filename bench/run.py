@@ -14,6 +14,8 @@ Sections (all by default, or pick with --sections):
   ensemble  the ensemble of --checkpoint and each --member against each of them alone, at greedy and beam 5,
            batches of 32 and 1, all in this process: its seconds per sentence against the sum of the members'
            (not in the default: it needs the members)
+  student  a distilled --student against --checkpoint, the model it replaces, in tfm and CTranslate2, fp32 and
+           int8, with each one's memory and size on disk (bench.student; not in the default: it needs the student)
 Decoding, start-up, memory and levers need a trained model: pass --checkpoint, or a small one is trained
 first for --train-minutes. train and compile alone need only its tokenizer, trained in seconds when not given.
 --quick: fewer rounds, the small shape only, 3,000 lines for the memory test, a 3-minute model.
@@ -33,7 +35,7 @@ from typing import Any
 
 import torch
 
-from bench import decode_speed, levers, startup, train_speed
+from bench import decode_speed, levers, startup, student, train_speed
 from bench.common import DEFAULT_DATA, ROOT, machine, shape_config
 from transformer import checkpoint
 from transformer.config import DataConfig
@@ -54,6 +56,8 @@ TARGETS = {
     "translate_s": 3.0,
     "rss_growth": 1.1,
     "members_vs_ensemble": 1.0,
+    "student_vs_recipe": 2.5,
+    "student_vs_ct2": 1.0,
 }
 
 
@@ -170,6 +174,19 @@ def run_ensemble(args: argparse.Namespace, members: list, lines: list[str], refs
         alone = sum(1 / r[f"member {i}"]["sentences_per_s"] for i in range(1, len(members) + 1))
         r["members_vs_ensemble"] = alone * r["tfm"]["sentences_per_s"]
     return rows
+
+
+def run_student(args: argparse.Namespace, recipe, pupil, lines: list[str], refs: list[str]) -> dict[str, Any]:
+    """The student against the recipe model: the grid of every engine and precision on both (bench.student), each
+    row with the student's ratios, then each model's costs over the test sources."""
+    with decode_speed.in_workers(student.workers(recipe, pupil, args.runs)) as systems:
+        grid = decode_grid(args, recipe, lines, refs, systems)
+    for r in grid:
+        r["ratios"] = student.ratios(r)
+    test = args.runs / "student-test.txt"
+    test.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    models = {name: student.costs(m, test, args.runs / name) for name, m in zip(student.MODELS, (recipe, pupil))}
+    return {"grid": grid, "models": models}
 
 
 def run_startup_memory(args: argparse.Namespace, ckpt: Path, sections: set[str], test: list[str]) -> dict[str, Any]:
@@ -314,6 +331,8 @@ def table(result: dict[str, Any]) -> str:
         )
         bleus = " ".join(f"{m['bleu']:.2f}" for m in members)
         add(f"{'  BLEU ensemble / members':<60} {r['tfm']['bleu']:>10.2f} {bleus}")
+    if "student" in result:
+        lines.extend(student.table_lines(result["student"], t))
     for r in result.get("levers", []):
         add(levers.row_line(r))
     return "\n".join(lines)
@@ -332,6 +351,7 @@ def main() -> None:
     parser.add_argument(
         "--member", type=Path, action="append", default=[], help="ensemble section: a model decoding with --checkpoint"
     )
+    parser.add_argument("--student", type=Path, help="student section: a distilled model replacing --checkpoint")
     parser.add_argument("--data", default=DEFAULT_DATA, help="Multi30k folder")
     parser.add_argument("--lines", type=int, default=None, help="decode the first N test lines only (default: all)")
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "bench", help="scratch folder")
@@ -382,6 +402,10 @@ def main() -> None:
         members = [loaded] + [checkpoint.load(m) for m in args.member]
         result["ensemble_members"] = [str(m.path) for m in members]
         result["ensemble"] = run_ensemble(args, members, lines, refs)
+    if "student" in sections:
+        if not (args.checkpoint and args.student):
+            parser.error("the student section needs --checkpoint (the model it replaces) and --student")
+        result["student"] = run_student(args, loaded, checkpoint.load(args.student), lines, refs)
     if "compile" in sections:
         cfg = shape_config("small", args.data)
         batches = train_speed.bench_batches(cfg, tok, 8, str(args.runs / ".cache"))

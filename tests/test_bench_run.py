@@ -44,6 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
         ("train", ["train"]),
         ("decode,int8,startup", ["decode", "int8", "startup_memory"]),
         ("memory,levers", ["startup_memory", "levers"]),  # not contended: levers' OpenMP rows, 3 minutes under load
+        ("student", ["student"]),  # the tiny run's model as its own student: the section's plumbing, not its figures
     ],
 )
 def test_bench_run_sections_run_at_their_quick_size(tiny_run, multi30k_dir, tmp_path, sections, keys):
@@ -51,7 +52,8 @@ def test_bench_run_sections_run_at_their_quick_size(tiny_run, multi30k_dir, tmp_
     change that breaks one does not land; the figures themselves are not checked."""
     out = tmp_path / "out.json"
     cmd = [sys.executable, "-m", "bench.run", "--quick", "--lines", "8", "--sections", sections]
-    cmd += ["--checkpoint", str(tiny_run.run_dir / "best"), "--data", str(multi30k_dir)]
+    best = str(tiny_run.run_dir / "best")
+    cmd += ["--checkpoint", best, "--student", best, "--data", str(multi30k_dir)]
     proc = subprocess.run(
         [*cmd, "--runs", str(tmp_path / "runs"), "--json", str(out)],
         cwd=REPO,
