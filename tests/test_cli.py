@@ -194,6 +194,8 @@ def test_output_into_head_has_no_broken_pipe(trained, tmp_path):
                 "precision=fp16",
                 "--set",
                 "device=cpu",
+                "--set",
+                f"data.path={ROOT / 'data' / 'sample'}",  # found: the data is looked for before the precision
             ],
             "precision: fp16 needs a CUDA GPU",
         ),

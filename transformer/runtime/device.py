@@ -8,9 +8,16 @@ from transformer.config import DEVICE
 from transformer.errors import ConfigError
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, local_rank: int | None = None) -> torch.device:
     """``auto`` picks cuda, then mps, then cpu; ``cuda:N`` picks a GPU; a device that is absent or unknown is a
-    config error (never a checkpoint error: a good checkpoint must not look damaged because of the device)."""
+    config error (never a checkpoint error: a good checkpoint must not look damaged because of the device). Under
+    torchrun (``local_rank``: the process's LOCAL_RANK) a CUDA device is the process's own GPU."""
+    device = _named(name)
+    return torch.device("cuda", local_rank) if local_rank is not None and device.type == "cuda" else device
+
+
+def _named(name: str) -> torch.device:
+    """The device ``name`` names, where this machine has it."""
     name = name.strip().lower()
     if name.startswith("cuda:"):
         count, index = torch.cuda.device_count(), name[len("cuda:") :]

@@ -61,11 +61,9 @@ def launched_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def local_device(device: torch.device) -> torch.device:
-    """The device this process trains on: ``cuda:LOCAL_RANK`` under torchrun, else ``device`` unchanged."""
-    if device.type == "cuda" and launched_world() > 1:
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return device
+def local_rank() -> int | None:
+    """This process's GPU under torchrun (its LOCAL_RANK), None without torchrun: where a CUDA run trains."""
+    return int(os.environ.get("LOCAL_RANK", "0")) if launched_world() > 1 else None
 
 
 def init(device: torch.device) -> None:

@@ -17,14 +17,14 @@ from typing import Callable
 import torch
 
 from transformer import checkpoint
-from transformer.config import Config, TrainConfig
+from transformer.config import Config
 from transformer.config_file import dump
-from transformer.errors import ConfigError
 from transformer.measured import measured_training
 from transformer.model.transformer import Transformer
 from transformer.runtime.device import resolve_device
+from transformer.runtime.gpu_switches import check_gpu_switches
 from transformer.runtime.memory import check_fits
-from transformer.runtime.precision import PRECISIONS, check_precision, training_precision
+from transformer.runtime.precision import PRECISIONS, training_precision
 from transformer.text.corpus import locate
 from transformer.text.directions import direction_data
 from transformer.text.tokenizer import Tokenizer
@@ -37,42 +37,19 @@ from transformer.training.update import Updater
 
 def placed(cfg: Config, resume: bool, log: Callable[[str], None]) -> tuple[Config, torch.device]:
     """``cfg`` with its precision and the model it starts from (``train.init``, unless resuming) resolved, and the
-    device it trains on; refuses what cannot run there."""
+    device it trains on; refuses what cannot run there. The data is found before the precision is chosen: ``auto``
+    on a CPU without AMX measures both precisions, the one slow step here."""
     cfg = cfg if resume else init.resolve(cfg, log)
-    device = distributed.local_device(resolve_device(cfg.device))
-    check_fits(cfg.model, cfg.tokenizer.vocab_size, device, True, "the config's model")
-    check_precision(cfg.precision, device, training=True)  # what the config alone refuses comes first
-    for src, tgt in cfg.data.pairs():  # then the data is found, before anything slow (the precision's measurement)
-        locate(direction_data(cfg.data, src, tgt))
     # a CPU without AMX is measured, by one process only (ranks under torchrun keep fp32 rather than each choose)
-    alone = distributed.launched_world() == 1
-    measured = (lambda: measured_training(cfg.model, cfg.tokenizer.vocab_size, log)) if alone else None
+    world = distributed.launched_world()
+    measured = (lambda: measured_training(cfg.model, cfg.tokenizer.vocab_size, log)) if world == 1 else None
+    device = resolve_device(cfg.device, distributed.local_rank())
+    check_fits(cfg.model, cfg.tokenizer.vocab_size, device, True, "the config's model")
+    for src, tgt in cfg.data.pairs():
+        locate(direction_data(cfg.data, src, tgt))
     precision = training_precision(cfg.precision, device, measured)
-    check_gpu_switches(cfg.train, precision, device)
+    check_gpu_switches(cfg.train, precision, device, world)
     return replace(cfg, precision=precision), device
-
-
-def check_gpu_switches(train: TrainConfig, precision: str, device: torch.device) -> None:
-    """train.compile and train.cuda_graphs run on CUDA only (on a CPU both measured slower or do not exist), compile
-    with torch 2.6 or newer (validation runs the compiled layers eagerly); graphs replay no loss scale, so they need
-    bf16 or fp32, and run in one process."""
-    for key, on in (("train.compile", train.compile), ("train.cuda_graphs", train.cuda_graphs)):
-        if on and device.type != "cuda":
-            raise ConfigError(f"{key}: true needs a CUDA GPU but the device is {device.type}; set {key}: false")
-    if train.compile and not hasattr(torch.compiler, "set_stance"):
-        raise ConfigError(
-            f"train.compile: true needs torch 2.6 or newer (this is {torch.__version__}); "
-            "upgrade torch or set train.compile: false"
-        )
-    if train.cuda_graphs and PRECISIONS[precision].loss_scaling:
-        raise ConfigError(
-            "train.cuda_graphs: true does not work with precision fp16 (loss scaling); use bf16 or fp32, "
-            "or set train.cuda_graphs: false"
-        )
-    if train.cuda_graphs and distributed.launched_world() > 1:
-        raise ConfigError(
-            "train.cuda_graphs: true runs in one process only, not under torchrun; set train.cuda_graphs: false"
-        )
 
 
 @dataclass
