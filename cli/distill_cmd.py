@@ -73,6 +73,8 @@ def run_distill(cfg: Config, stage: str, options: TranslateOptions, resume: bool
         from transformer.training.trainer import Trainer
 
         distill.check_corpus(cfg)
+        if cfg.distill.from_teacher and not resume:
+            student = distill.from_teacher(student, log)
         result = Trainer(student, resume=resume, overwrite=overwrite and not resume, quiet=quiet).run()
         if result.exit_code:
             return result.exit_code

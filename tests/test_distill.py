@@ -5,16 +5,20 @@ the teacher's tokenizer; what cannot be distilled is refused in one line."""
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from tiny import QUICKSTART, SAMPLE, TINY_SETS, tiny_config
 from typer.testing import CliRunner
 
 from cli.main import app
+from transformer import checkpoint
 from transformer.decoding.translator import TranslateOptions, Translator
 from transformer.errors import TrainError
+from transformer.model.transformer import Transformer
 from transformer.training import distill
 
 
@@ -100,6 +104,37 @@ def test_a_multilingual_teacher_distils_the_run_s_direction_with_its_tag(tiny_ta
     assert (distill.folder(cfg) / "train.de").read_text(encoding="utf-8").splitlines() == [t.best for t in by_hand]
     with pytest.raises(TrainError, match="translates de->en, en->de and the data de->fr"):
         distill.teachers(_cfg(tmp_path, teacher, data={"tgt_lang": "fr"}), TranslateOptions("cpu"), print)
+
+
+def test_a_student_from_its_teacher_takes_its_embeddings_and_evenly_spaced_layers(tiny_run, tmp_path):
+    tiny = checkpoint.load(tiny_run.run_dir / "best")
+    deep = replace(tiny.cfg, model=replace(tiny.cfg.model, N=3))
+    torch.manual_seed(3)
+    model = Transformer(deep.model, tiny.tokenizer.vocab_size, tiny.tokenizer.pad_id)
+    teacher = checkpoint.save(tmp_path / "teacher", deep, tiny.tokenizer, model, {"step": 1})
+    cfg = distill.student_config(_cfg(tmp_path, teacher, model={"N": 3, "decoder_layers": 1, "encoder_layers": 2}))
+    said: list[str] = []
+    started = distill.from_teacher(cfg, said.append)
+    student = checkpoint.load(started.train.init)
+    theirs, ours = model.state_dict(), student.model.state_dict()
+    for key, value in ours.items():
+        source = key.replace("encoder.layers.1.", "encoder.layers.2.")  # encoder 2 of 3: layers 0 and 2
+        assert torch.equal(value, theirs[source]), key  # decoder 1 of 3: layer 0
+    assert set(ours) < set(theirs) and "encoder layers [0, 2], decoder layers [0]" in said[0]
+    with pytest.raises(TrainError, match="model.d_ff is 128 in the student and 64 in .* fewer layers"):
+        distill.from_teacher(replace(cfg, model=replace(cfg.model, d_ff=128)), print)
+    with pytest.raises(TrainError, match="the student's decoder has 4 layers and the teacher's 3; give it at most 3"):
+        distill.from_teacher(replace(cfg, model=replace(cfg.model, decoder_layers=4)), print)
+
+
+def test_distil_from_the_teacher_through_the_command_line(tiny_run, tmp_path):
+    runs, teacher = tmp_path / "runs", tiny_run.run_dir / "best"
+    args = ["distill", "--config", QUICKSTART, *TINY_SETS, f"--set=run_dir={runs}", "--set=train.max_steps=3"]
+    args += ["--set=train.eval_every=3", "--set=distill.from_teacher=true", "--teacher", teacher, "-q"]
+    r = CliRunner().invoke(app, [str(a) for a in args])
+    assert r.exit_code == 0, r.output
+    recorded = yaml.safe_load((runs / "quickstart" / "best" / "config.yaml").read_text(encoding="utf-8"))
+    assert recorded["train"]["init"] == str(runs / "quickstart-from-teacher")
 
 
 def test_a_corpus_edited_between_stages_is_refused_with_how_to_start_again(tiny_run, tmp_path):

@@ -166,6 +166,7 @@ class DistillConfig:
     alpha: float | None = None  # their length penalty (null: the first teacher's decode.alpha)
     with_real: bool = False  # train on the real pairs as well, beside the distilled ones
     piece_lines: int = 1000  # lines translated and written at a time: a killed run goes on from the last piece
+    from_teacher: bool = False  # the student starts from the first teacher's embeddings and evenly spaced layers
 
 
 @dataclass

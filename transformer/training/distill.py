@@ -15,20 +15,23 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from tqdm import tqdm
 
 from transformer import checkpoint
-from transformer.config import Config, TokenizerConfig
+from transformer.config import Config, ModelConfig, TokenizerConfig
 from transformer.decoding.translator import TranslateOptions, Translator
 from transformer.errors import TrainError
+from transformer.model.transformer import Transformer
 from transformer.storage import manifest
 from transformer.storage.files import atomic_file
 from transformer.text.corpus import Corpus, load_split
 
 KIND = "distilled"  # what the corpus folder is recorded as
+_DEPTHS = ("N", "encoder_layers", "decoder_layers")  # what a student started from its teacher may have fewer of
+_UNFIXED = ("dropout", "attention_dropout", "relu_dropout", "max_positions")  # what its weights do not fix
 RECIPE = "recipe.json"
 
 
@@ -93,6 +96,46 @@ def teachers(cfg: Config, options: TranslateOptions, log: Callable[[str], None])
     translator = Translator.from_checkpoint(paths, options).to(cfg.data.tgt_lang if first.cfg.data.tagged else None)
     fingerprints = [hashlib.sha256((p / checkpoint.WEIGHTS).read_bytes()).hexdigest() for p in paths]
     return Teachers(translator, fingerprints)
+
+
+def from_teacher(cfg: Config, log: Callable[[str], None]) -> Config:
+    """The student's config ``cfg`` (student_config's) starting from its first teacher (``distill.from_teacher``:
+    shrink and fine-tune, Shleifer and Rush 2020): the teacher's embeddings and, of each stack, evenly spaced layers
+    (the first always), written as a checkpoint ``<run_dir>/<name>-from-teacher`` that becomes ``train.init``. The
+    student's shape must be the teacher's but for fewer layers."""
+    teacher = checkpoint.load(cfg.distill.teachers[0])
+    ours, theirs = cfg.model, teacher.cfg.model
+    for f in fields(ModelConfig):
+        if f.name not in _DEPTHS + _UNFIXED and getattr(ours, f.name) != getattr(theirs, f.name):
+            raise TrainError(
+                f"distill.from_teacher: model.{f.name} is {getattr(ours, f.name)} in the student and "
+                f"{getattr(theirs, f.name)} in {teacher.path}; a student starts from its teacher with its shape but "
+                "fewer layers: set it as the teacher's or distill.from_teacher: false"
+            )
+    picks = {}
+    for stack, n, m in zip(("encoder", "decoder"), ours.depths, theirs.depths):
+        if n > m:
+            raise TrainError(
+                f"distill.from_teacher: the student's {stack} has {n} layers and the teacher's {m}; give it at most "
+                f"{m}, or set distill.from_teacher: false"
+            )
+        picks[stack] = [0] if n == 1 else [round(k * (m - 1) / (n - 1)) for k in range(n)]
+    model = Transformer(ours, teacher.tokenizer.vocab_size, teacher.tokenizer.pad_id)
+    weights = teacher.model.state_dict()
+
+    def source(key: str) -> str:
+        stack, _, rest = key.partition(".layers.")
+        if not rest:
+            return key
+        layer, _, name = rest.partition(".")
+        return f"{stack}.layers.{picks[stack][int(layer)]}.{name}"
+
+    model.load_state_dict({key: weights[source(key)] for key in model.state_dict()})
+    path = Path(cfg.run_dir) / f"{cfg.name}-from-teacher"
+    meta = {"step": 0, "from_teacher": {"path": str(teacher.path), "layers": picks}}
+    checkpoint.save(path, cfg, teacher.tokenizer, model, meta)
+    log(f"the student starts from {teacher.path}: encoder layers {picks['encoder']}, decoder layers {picks['decoder']}")
+    return replace(cfg, train=replace(cfg.train, init=str(path)))
 
 
 def _settings(t: TokenizerConfig) -> dict:
