@@ -125,6 +125,8 @@ def test_a_student_from_its_teacher_takes_its_embeddings_and_evenly_spaced_layer
         distill.from_teacher(replace(cfg, model=replace(cfg.model, d_ff=128)), print)
     with pytest.raises(TrainError, match="the student's decoder has 4 layers and the teacher's 3; give it at most 3"):
         distill.from_teacher(replace(cfg, model=replace(cfg.model, decoder_layers=4)), print)
+    with pytest.raises(TrainError, match="distill.from_teacher needs a teacher; give --teacher CHECKPOINT"):
+        distill.from_teacher(replace(cfg, distill=replace(cfg.distill, teachers=[])), print)
 
 
 def test_distil_from_the_teacher_through_the_command_line(tiny_run, tmp_path):

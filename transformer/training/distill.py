@@ -103,6 +103,8 @@ def from_teacher(cfg: Config, log: Callable[[str], None]) -> Config:
     shrink and fine-tune, Shleifer and Rush 2020): the teacher's embeddings and, of each stack, evenly spaced layers
     (the first always), written as a checkpoint ``<run_dir>/<name>-from-teacher`` that becomes ``train.init``. The
     student's shape must be the teacher's but for fewer layers."""
+    if not cfg.distill.teachers:
+        raise TrainError("distill.from_teacher needs a teacher; give --teacher CHECKPOINT")
     teacher = checkpoint.load(cfg.distill.teachers[0])
     ours, theirs = cfg.model, teacher.cfg.model
     for f in fields(ModelConfig):
