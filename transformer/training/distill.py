@@ -28,10 +28,10 @@ from transformer.model.transformer import Transformer
 from transformer.storage import manifest
 from transformer.storage.files import atomic_file
 from transformer.text.corpus import Corpus, load_split
+from transformer.training import init
 
 KIND = "distilled"  # what the corpus folder is recorded as
 _DEPTHS = ("N", "encoder_layers", "decoder_layers")  # what a student started from its teacher may have fewer of
-_UNFIXED = ("dropout", "attention_dropout", "relu_dropout", "max_positions")  # what its weights do not fix
 RECIPE = "recipe.json"
 
 
@@ -108,7 +108,7 @@ def from_teacher(cfg: Config, log: Callable[[str], None]) -> Config:
     teacher = checkpoint.load(cfg.distill.teachers[0])
     ours, theirs = cfg.model, teacher.cfg.model
     for f in fields(ModelConfig):
-        if f.name not in _DEPTHS + _UNFIXED and getattr(ours, f.name) != getattr(theirs, f.name):
+        if f.name not in _DEPTHS + init.FREE and getattr(ours, f.name) != getattr(theirs, f.name):
             raise TrainError(
                 f"distill.from_teacher: model.{f.name} is {getattr(ours, f.name)} in the student and "
                 f"{getattr(theirs, f.name)} in {teacher.path}; a student starts from its teacher with its shape but "

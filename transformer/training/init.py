@@ -27,7 +27,7 @@ from transformer.storage import manifest
 from transformer.text.tokenizer import Tokenizer
 
 # What a model's weights do not fix, and a run started from it may change.
-_FREE = ("dropout", "attention_dropout", "relu_dropout", "max_positions")
+FREE = ("dropout", "attention_dropout", "relu_dropout", "max_positions")
 _EMBEDDINGS = ("src_embed.weight", "tgt_embed.weight", "generator.weight")
 
 
@@ -46,7 +46,7 @@ def resolve(cfg: Config, log: Callable[[str], None]) -> Config:
     differ = [
         f"model.{f.name} is {getattr(cfg.model, f.name)} in the config and {getattr(parent.model, f.name)} there"
         for f in fields(ModelConfig)
-        if f.name not in _FREE and getattr(cfg.model, f.name) != getattr(parent.model, f.name)
+        if f.name not in FREE and getattr(cfg.model, f.name) != getattr(parent.model, f.name)
     ]
     differ += [
         f"tokenizer.{f.name} is {getattr(cfg.tokenizer, f.name)} in the config and {getattr(parent.tokenizer, f.name)} "
