@@ -160,8 +160,12 @@ def _distinct(alphas: list[float]) -> None:
 
 
 def _directions(pairs: list[tuple[str, str]], from_: str | None, to: str | None) -> list[tuple[str, str]]:
-    """The model's directions that ``--from`` and ``--to`` select (all of them without either)."""
+    """The model's directions that ``--from`` and ``--to`` select (all of them without either). Both given, a pair the
+    model never trained is evaluated zero-shot when it reads the source language and writes the target one."""
     chosen = [(s, t) for s, t in pairs if from_ in (None, s) and to in (None, t)]
+    if not chosen and from_ in {s for s, _ in pairs} and to in {t for _, t in pairs} and from_ != to:
+        print(f"zero-shot: the model never trained {from_}-{to}; it reads {from_} and writes {to} in other directions")
+        return [(from_, to)]  # type: ignore[list-item]
     if not chosen:
         known = ", ".join(f"{s}-{t}" for s, t in pairs)
         fail(f"the model translates {known}; no direction matches --from {from_ or 'any'} --to {to or 'any'}")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import ENV, one_error_line
 from serve_helpers import call, post, serving, translator_of
-from tiny import QUICKSTART, TINY_SETS
+from tiny import QUICKSTART, SAMPLE, TINY_SETS
 
 from transformer import checkpoint
 from transformer.decoding.attention_maps import attention_maps
@@ -89,3 +89,30 @@ def test_the_attention_picture_shows_the_tag_labelled_first(best: Path, tmp_path
         assert status == 200 and answer["source"][0] == ">>en<<"
         status, answer = post(url, "/attention", {"text": "Ein Hund läuft."})
         assert status == 422
+
+
+def test_eval_scores_a_pair_never_trained_zero_shot(tmp_path: Path) -> None:
+    corpus = tmp_path / "three"
+    corpus.mkdir()
+    for split in ("train", "valid"):
+        for lang in ("de", "en"):
+            (corpus / f"{split}.{lang}").write_bytes((SAMPLE / f"{split}.{lang}").read_bytes())
+        (corpus / f"{split}.fr").write_text((SAMPLE / f"{split}.en").read_text().upper())
+    runs = tmp_path / "runs"
+    sets = [
+        *TINY_SETS,
+        f"--set=run_dir={runs}",
+        f"--set=data.path={corpus}",
+        "--set=train.max_steps=2",
+        "--set=train.eval_every=2",
+    ]
+    r = tfm("train", "--config", str(QUICKSTART), *sets, "--set=data.directions=[de-en, en-fr]", "--quiet")
+    assert r.returncode == 0, r.stderr
+    best = runs / "quickstart" / "best"
+    out = tmp_path / "reports"
+    r = tfm("eval", "--checkpoint", str(best), "--from", "de", "--to", "fr", "--beam", "1", "--output-dir", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "zero-shot: the model never trained de-fr" in r.stdout and r.stdout.count("BLEU = ") == 1
+    assert [p.name for p in out.glob("*.json")] == ["valid.de-fr.beam1.json"]
+    r = tfm("eval", "--checkpoint", str(best), "--from", "fr", "--to", "en")
+    assert "the model translates de-en, en-fr; no direction matches --from fr --to en" in one_error_line(r.stderr)
