@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.run import TARGETS, run_ensemble, table
+from bench.run import run_ensemble
+from bench.summary import TARGETS, table
 from transformer import checkpoint
 from transformer.model.transformer import Transformer
 

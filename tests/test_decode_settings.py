@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from cli.decode_flags import flag
 from cli.main import app
-from transformer.config import RANGES, REQUEST, DecodeConfig
-from transformer.serving.checks import Limits, RequestError, check_translate
+from transformer.config import RANGES, DecodeConfig
+from transformer.serving.checks import REQUEST, Limits, RequestError, check_translate
 
 FIELDS = {f.name for f in dataclasses.fields(DecodeConfig)}
 # What a decoding command takes that is not a decode setting: where to read and write, which model, how to run it.

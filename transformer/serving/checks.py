@@ -12,12 +12,14 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-from transformer.config import RANGES, REQUEST, DecodeConfig, check_decode, out_of_range
+from transformer.config import RANGES, DecodeConfig, check_decode, out_of_range
 from transformer.decoding.translator import clean_line, source_line
 from transformer.errors import ConfigError, UserError
 from transformer.text.tokenizer import Tokenizer
 
 EXAMPLE = '{"text": ["Ein Mann fährt Fahrrad."], "beam": 5}'
+# The decode settings (DecodeConfig's fields) a request may set; the others are the server's: its batch size, lengths.
+REQUEST = ("beam", "nbest", "alpha", "to", "sample", "temperature", "top_k", "top_p", "seed")
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,7 @@ def check_translate(
     lowercase: bool = False,
     targets: tuple[str, ...] = (),
 ) -> TranslateRequest:
-    """A ``POST /translate`` body: ``text`` a list of strings; the decode settings a request may set (config.REQUEST:
+    """A ``POST /translate`` body: ``text`` a list of strings; the decode settings a request may set (REQUEST:
     ``beam``, ``alpha``, ``nbest``, sampling's, ``to``; default: the checkpoint's ``decode``), each checked by its type
     and range as a config file's are; ``align`` true for word alignments. ``to`` is one of the model's ``targets``
     (needed where it has several); ``lowercase``: the model's input is lowercased (data.lowercase)."""
