@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from transformer.config import DataConfig, TokenizerConfig
 from transformer.errors import ConfigError, DataError
 from transformer.text.corpus import Corpus, load_split
-from transformer.text.tokenizer import Tokenizer, train_tokenizer
+from transformer.text.tokenizer import ONE_LINE, Tokenizer, train_tokenizer
 
 MIXED = [
     "所有人，都请说 cheese 。",
@@ -78,7 +78,7 @@ def test_tatoeba_tokenizer_round_trip(tatoeba: Path) -> None:
 @settings(max_examples=150, deadline=None)
 @given(st.text(alphabet=st.characters(exclude_categories=("Cs",)), max_size=40))
 def test_round_trip_any_text(sample_tokenizer: Tokenizer, s: str) -> None:
-    assert sample_tokenizer.decode(sample_tokenizer.encode(s)) == sample_tokenizer.normalize(s)
+    assert sample_tokenizer.decode(sample_tokenizer.encode(s)) == sample_tokenizer.normalize(s).translate(ONE_LINE)
 
 
 def test_normalisation_is_the_stated_one(sample_tokenizer: Tokenizer) -> None:
@@ -174,3 +174,15 @@ def test_full_width_punctuation_survives(tatoeba_tokenizer: Tokenizer) -> None:
 def test_traditional_characters_and_emoji_round_trip(tatoeba_tokenizer: Tokenizer, text: str) -> None:
     ids = tatoeba_tokenizer.encode(text)
     assert tatoeba_tokenizer.unk_id not in ids and tatoeba_tokenizer.decode(ids) == text
+
+
+def test_a_decoded_translation_is_one_line(sample_tokenizer: Tokenizer) -> None:
+    """A model may write the byte token of a newline (or of any character that ends a line); the text it decodes to
+    holds a space there, so that one output line answers one input line."""
+    t = sample_tokenizer
+    ends = ["\n", "\r", "\v", "\f", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
+    for end in ends:
+        ids = t.encode("Ein") + [t._hf.token_to_id(f"<0x{b:02X}>") for b in end.encode("utf-8")] + t.encode("Mann")
+        text = t.decode(ids)
+        assert text.splitlines() == [text] and text.split() == ["Ein", "Mann"], repr(end)
+        assert t.decode_batch([ids]) == [text]

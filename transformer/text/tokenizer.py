@@ -30,6 +30,7 @@ _SPACE = "▁"
 TAG = re.compile(r">>([A-Za-z][A-Za-z0-9_]*)<<")  # a target-language tag, OPUS-MT's convention
 _BYTES = [f"<0x{b:02X}>" for b in range(256)]
 _SAMPLE_SEED = 0
+ONE_LINE = str.maketrans(dict.fromkeys("\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029", " "))  # what str.splitlines splits at
 
 
 class Tokenizer:
@@ -125,12 +126,13 @@ class Tokenizer:
         return [e.ids for e in self._hf.encode_batch(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Clean text: special tokens skipped, ``▁`` turned back into spaces, byte tokens into characters."""
-        return self._hf.decode(list(ids), skip_special_tokens=True)
+        """Clean text: special tokens skipped, ``▁`` turned back into spaces, byte tokens into characters, and a
+        character that ends a line (a model may write the byte of a newline) a space: a translation is one line."""
+        return self._hf.decode(list(ids), skip_special_tokens=True).translate(ONE_LINE)
 
     def decode_batch(self, ids: Sequence[Sequence[int]]) -> list[str]:
         """``decode`` for many id lists."""
-        return self._hf.decode_batch([list(x) for x in ids], skip_special_tokens=True)
+        return [t.translate(ONE_LINE) for t in self._hf.decode_batch([list(x) for x in ids], skip_special_tokens=True)]
 
     def id_to_token(self, i: int) -> str | None:
         """The token string of id ``i`` (for debugging and tests)."""
