@@ -62,15 +62,18 @@ class Setting:
 
 
 def tfm_decoder(
-    loaded: checkpoint.Loaded | list[checkpoint.Loaded], precision: str = "fp32", device: str = "cpu"
+    loaded: checkpoint.Loaded | list[checkpoint.Loaded],
+    precision: str = "fp32",
+    device: str = "cpu",
+    shortlist: str | None = None,
 ) -> Decoder:
-    """tfm's Translator (one for each beam size asked for) of one model or an ensemble; each call's lines form one
-    batch."""
+    """tfm's Translator (one for each beam size asked for) of one model or an ensemble, with a lexical shortlist if
+    given; each call's lines form one batch."""
     made: dict[int, Translator] = {}
 
     def decode(lines: list[str], beam: int) -> list[str]:
         if beam not in made:
-            options = TranslateOptions(device, precision, beam=beam, nbest=1, batch_tokens=10**9)
+            options = TranslateOptions(device, precision, beam=beam, nbest=1, batch_tokens=10**9, shortlist=shortlist)
             made[beam] = Translator.from_checkpoint(loaded, options)
         return [x.best for x in made[beam].translate_chunk(lines)]
 
@@ -246,12 +249,15 @@ def measure(
     return result
 
 
-def build(loaded: checkpoint.Loaded, system: str, precision: str, alpha: float, workdir: Path) -> Decoder:
+def build(
+    loaded: checkpoint.Loaded, system: str, precision: str, alpha: float, workdir: Path, shortlist: str | None = None
+) -> Decoder:
     """``system`` (tfm, transformers or ctranslate2) in ``precision`` (fp32, or int8: tfm's and CTranslate2's own),
-    tfm with length penalty ``alpha`` and the peers with ``length_penalty`` alpha."""
+    tfm with length penalty ``alpha`` (and a lexical shortlist if given) and the peers with ``length_penalty``
+    alpha."""
     loaded = replace(loaded, cfg=replace(loaded.cfg, decode=replace(loaded.cfg.decode, alpha=alpha)))
     if system == "tfm":
-        return tfm_decoder(loaded, precision)
+        return tfm_decoder(loaded, precision, shortlist=shortlist)
     if system == "transformers" and precision == "fp32":
         return marian_decoder(loaded, alpha)
     if system == "ctranslate2":
@@ -276,14 +282,15 @@ def own_processes(
 
 @dataclass
 class Worker:
-    """What one worker process decodes with: a checkpoint, a system in a precision, a length penalty, and the folder
-    its CTranslate2 export goes in (one folder per checkpoint)."""
+    """What one worker process decodes with: a checkpoint, a system in a precision, a length penalty, the folder
+    its CTranslate2 export goes in (one folder per checkpoint), and for tfm a lexical shortlist or none."""
 
     loaded: checkpoint.Loaded
     system: str
     precision: str
     alpha: float
     workdir: Path
+    shortlist: Path | None = None
 
 
 @contextmanager
@@ -294,6 +301,7 @@ def in_workers(runs: dict[str, Worker]) -> Iterator[dict[str, Decoder]]:
             export(w.loaded.path, ct2_folder(w.workdir, w.precision, w.alpha), overwrite=True)
     commands = {
         name: ["bench.decode_worker", str(w.loaded.path), w.system, w.precision, str(w.alpha), str(w.workdir)]
+        + ([str(w.shortlist)] if w.shortlist else [])
         for name, w in runs.items()
     }
     with workers(commands) as ask:

@@ -165,7 +165,7 @@ def run_ensemble(args: argparse.Namespace, members: list, lines: list[str], refs
 def run_student(args: argparse.Namespace, recipe, pupil, lines: list[str], refs: list[str]) -> dict[str, Any]:
     """The student against the recipe model: the grid of every engine and precision on both (bench.student), each
     row with the student's ratios, then each model's costs over the test sources."""
-    with decode_speed.in_workers(student.workers(recipe, pupil, args.runs)) as systems:
+    with decode_speed.in_workers(student.workers(recipe, pupil, args.runs, args.shortlist)) as systems:
         grid = decode_grid(args, recipe, lines, refs, systems)
     for r in grid:
         r["ratios"] = student.ratios(r)
@@ -207,6 +207,7 @@ def main() -> None:
         "--member", type=Path, action="append", default=[], help="ensemble section: a model decoding with --checkpoint"
     )
     parser.add_argument("--student", type=Path, help="student section: a distilled model replacing --checkpoint")
+    parser.add_argument("--shortlist", type=Path, help="student section: the student's tfm shortlist, timed as well")
     parser.add_argument("--data", default=DEFAULT_DATA, help="Multi30k folder")
     parser.add_argument("--lines", type=int, default=None, help="decode the first N test lines only (default: all)")
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "bench", help="scratch folder")

@@ -1,9 +1,10 @@
 """A distillation student against the model it replaces (bench.run's student section, ``--student DIR``).
 
-Each model decodes in tfm and in CTranslate2 (on its ``tfm export``), fp32 and int8, every system in a process of
-its own, all timed in one interleaved grid (greedy and beam 5, batches of 32 and 1: bench.decode_speed.measure), each
-model at its own length penalty. Then what each costs to hold: parameters, weights on disk (tfm's safetensors and
-CTranslate2's model.bin) and the peak memory of ``tfm translate`` over the test sources, fp32 and int8.
+Each model decodes in tfm and in CTranslate2 (on its ``tfm export``), fp32 and int8, and the student in tfm with a
+lexical shortlist too where one is given (``--shortlist``), every system in a process of its own, all timed in one
+interleaved grid (greedy and beam 5, batches of 32 and 1: bench.decode_speed.measure), each model at its own length
+penalty. Then what each costs to hold: parameters, weights on disk (tfm's safetensors and CTranslate2's model.bin)
+and the peak memory of ``tfm translate`` over the test sources, fp32 and int8.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ MODELS = ("recipe", "student")
 ENGINES = ("tfm", "ctranslate2")
 PRECISIONS = ("fp32", "int8")
 CT2_WEIGHTS = "model.bin"
+SHORTLIST = " shortlist"  # how a system's name says it decodes with the student's lexical shortlist
 
 
 def label(engine: str, precision: str, model: str) -> str:
@@ -27,14 +29,21 @@ def label(engine: str, precision: str, model: str) -> str:
     return " ".join(x for x in (engine, precision if precision != "fp32" else "", "student" * (model != "recipe")) if x)
 
 
-def workers(recipe: checkpoint.Loaded, student: checkpoint.Loaded, workdir: Path) -> dict[str, Worker]:
-    """Every engine and precision for both models, each model's CTranslate2 export in a folder of its own."""
-    return {
+def workers(
+    recipe: checkpoint.Loaded, student: checkpoint.Loaded, workdir: Path, shortlist: Path | None = None
+) -> dict[str, Worker]:
+    """Every engine and precision for both models, each model's CTranslate2 export in a folder of its own; with a
+    ``shortlist``, the student in tfm with it as well (``tfm student shortlist``, ``tfm int8 student shortlist``)."""
+    made = {
         label(engine, precision, name): Worker(loaded, engine, precision, loaded.cfg.decode.alpha, workdir / name)
         for name, loaded in zip(MODELS, (recipe, student))
         for engine in ENGINES
         for precision in PRECISIONS
     }
+    for p in PRECISIONS if shortlist else ():
+        alpha = student.cfg.decode.alpha
+        made[label("tfm", p, "student") + SHORTLIST] = Worker(student, "tfm", p, alpha, workdir / "student", shortlist)
+    return made
 
 
 def ratios(row: dict[str, Any]) -> dict[str, float]:
@@ -48,6 +57,10 @@ def ratios(row: dict[str, Any]) -> dict[str, float]:
     for p in PRECISIONS:
         out[f"student_vs_recipe_{p}"] = speed("tfm", p, "student") / speed("tfm", p, "recipe")
         out[f"student_{p}_vs_ct2_int8_recipe"] = speed("tfm", p, "student") / speed("ctranslate2", "int8", "recipe")
+        if label("tfm", p, "student") + SHORTLIST in row:
+            shortlisted = row[label("tfm", p, "student") + SHORTLIST]["sentences_per_s"]
+            out[f"student_shortlist_vs_recipe_{p}"] = shortlisted / speed("tfm", p, "recipe")
+            out[f"student_shortlist_{p}_vs_ct2_int8_recipe"] = shortlisted / speed("ctranslate2", "int8", "recipe")
     return out
 
 
@@ -75,15 +88,19 @@ def table_lines(result: dict[str, Any], targets: dict[str, float]) -> list[str]:
     lines = []
     for r in result["grid"]:
         search = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
-        for p in PRECISIONS:
-            ours = r[label("tfm", p, "student")]["sentences_per_s"]
+        for p, listed in ((p, listed) for listed in ("", SHORTLIST) for p in PRECISIONS):
+            if label("tfm", p, "student") + listed not in r:
+                continue
+            ours = r[label("tfm", p, "student") + listed]["sentences_per_s"]
+            kind = "student" + listed.replace(" ", "_")
             for key, peer, target in (
-                (f"student_vs_recipe_{p}", label("tfm", p, "recipe"), targets["student_vs_recipe"]),
-                (f"student_{p}_vs_ct2_int8_recipe", label("ctranslate2", "int8", "recipe"), targets["student_vs_ct2"]),
+                (f"{kind}_vs_recipe_{p}", label("tfm", p, "recipe"), targets["student_vs_recipe"]),
+                (f"{kind}_{p}_vs_ct2_int8_recipe", label("ctranslate2", "int8", "recipe"), targets["student_vs_ct2"]),
             ):
                 ratio = r["ratios"][key]
                 name = (
-                    f"student {p} {search} batch {r['batch']} sent/s vs recipe in {peer.replace('ctranslate2', 'ct2')}"
+                    f"student{listed} {p} {search} batch {r['batch']} sent/s vs recipe in "
+                    f"{peer.replace('ctranslate2', 'ct2')}"
                 )
                 lines.append(
                     f"{name:<60} {ours:>10.1f} {r[peer]['sentences_per_s']:>10.1f} {ratio:>6.2f}x "

@@ -53,7 +53,12 @@ class Asked:
         args = ["tfm", "eval"] + [arg for path in paths for arg in ("--checkpoint", str(path))]
         o = self.options
         named = {"--split": self.split, "--src": self.src, "--ref": self.ref, flag("beam"): o.get("beam")}
-        named |= {flag("alpha"): alpha, "--data-dir": self.data_dir, flag("to"): to}
+        named |= {
+            flag("alpha"): alpha,
+            "--data-dir": self.data_dir,
+            flag("to"): to,
+            flag("shortlist"): o.get("shortlist"),
+        }
         for option, value in named.items():
             if value is not None:
                 args += [option, f"{value:g}" if isinstance(value, float) else str(value)]

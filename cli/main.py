@@ -102,6 +102,7 @@ def translate(
     top_p: Optional[float] = option("top_p", "Sampling: from the tokens holding P of the probability"),
     seed: Optional[int] = option("seed", "Sampling: with each line's number, seeds its draws"),
     align_layer: Optional[int] = option("align_layer", "Layer --align reads (default: the last)"),
+    shortlist: Optional[str] = option("shortlist", "A file of tfm shortlist: score only the tokens it lists"),
     align: bool = typer.Option(False, "--align", help="Print each line's word alignment: 'text ||| i-j ...'"),
     prefix: Optional[str] = typer.Option(None, "--prefix", help="Start every translation with this text"),
     prefix_file: Optional[Path] = typer.Option(None, "--prefix-file", help="One prefix a line, one per input line"),
@@ -130,6 +131,7 @@ def serve(
     device: str = typer.Option("auto", "--device", help="auto|cpu|cuda|cuda:N|mps"),
     precision: str = typer.Option("fp32", "--precision", help=DECODING_PRECISIONS),
     batch_tokens: Optional[int] = option("batch_tokens", "Source tokens per batch (default: the config's)"),
+    shortlist: Optional[str] = option("shortlist", "A file of tfm shortlist: score only the tokens it lists"),
     max_wait_ms: float = typer.Option(
         5.0, "--max-wait-ms", help="How long a request waits for others to join its batch"
     ),
@@ -169,6 +171,7 @@ def eval_(
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a report of the same split and settings"),
     to: Optional[str] = option("to", "A multilingual model's direction into this language only"),
+    shortlist: Optional[str] = option("shortlist", "A file of tfm shortlist: score only the tokens it lists"),
     from_: Optional[str] = typer.Option(
         None, "--from", help="A multilingual model's direction from this language only"
     ),
@@ -214,6 +217,32 @@ def score(
     with user_errors():
         options = TranslateOptions(device, precision, **decode_flags.settings(locals()))
         run_score(checkpoint, src, tgt, output, format_, tokens, runs, overwrite, options)
+
+
+@app.command()
+def shortlist(
+    checkpoint: Path = typer.Option(..., "--checkpoint", help="The checkpoint it is for (its tokenizer and data)"),
+    output: Path = typer.Option(..., "--output", "-o", help="File to write, then give to --shortlist"),
+    src: Optional[Path] = typer.Option(None, "--src", help="Source sentences (default: the training split's)"),
+    tgt: Optional[Path] = typer.Option(None, "--tgt", help="Their translations, one a line"),
+    data_dir: Optional[str] = typer.Option(None, "--data-dir", help="Corpus location (overrides data.path)"),
+    per_token: int = typer.Option(
+        50, "--per-token", callback=count(100_000), help="Target tokens listed per source token"
+    ),
+    frequent: int = typer.Option(
+        100, "--frequent", callback=count(1_000_000), help="Most frequent target tokens kept for every sentence"
+    ),
+    max_pairs: int = typer.Option(
+        1_000_000, "--max-pairs", callback=count(10**9), help="Count at most this many pairs, the first ones"
+    ),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --output file"),
+) -> None:
+    """Count a lexical shortlist: the target tokens each source token brings into translations, so that decoding
+    with --shortlist scores those alone (faster where the output layer is a large share of a step)."""
+    from cli.shortlist_cmd import run_shortlist
+
+    with user_errors():
+        run_shortlist(checkpoint, output, src, tgt, data_dir, per_token, frequent, max_pairs, overwrite)
 
 
 @app.command()

@@ -55,6 +55,11 @@ def test_bench_run_sections_run_at_their_quick_size(tiny_run, multi30k_dir, tmp_
     cmd = [sys.executable, "-m", "bench.run", "--quick", "--lines", "8", "--sections", sections]
     best = str(tiny_run.run_dir / "best")
     cmd += ["--checkpoint", best, "--student", best, "--data", str(multi30k_dir)]
+    if "student" in keys:  # and the student with a lexical shortlist
+        shortlist = tmp_path / "shortlist.safetensors"
+        made = subprocess.run([sys.executable, "-m", "cli", "shortlist", "--checkpoint", best, "-o", str(shortlist)])
+        assert made.returncode == 0
+        cmd += ["--shortlist", str(shortlist)]
     proc = subprocess.run(
         [*cmd, "--runs", str(tmp_path / "runs"), "--json", str(out)],
         cwd=REPO,
@@ -66,3 +71,5 @@ def test_bench_run_sections_run_at_their_quick_size(tiny_run, multi30k_dir, tmp_
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert all(result.get(key) for key in keys), {key: result.get(key) for key in keys}
+    if "student" in keys:
+        assert "student_shortlist_vs_recipe_int8" in result["student"]["grid"][0]["ratios"]

@@ -75,6 +75,17 @@ def test_tfm_score_writes_a_line_a_pair(tiny_run, files, tmp_path):
     assert [len(line.split("\t")) for line in r.stdout.split("\n")[:-1]] == [4, 4]
 
 
+def test_a_shortlist_counted_from_the_training_split_translates(tiny_run, files, tmp_path):
+    best = tiny_run.run_dir / "best"
+    shortlist = tmp_path / "shortlist.safetensors"
+    r = tfm("shortlist", "--checkpoint", best, "--output", shortlist, "--per-token", "20", "--frequent", "30")
+    assert r.exit_code == 0 and "20 target tokens per source token" in r.stderr, r.output
+    r = tfm("translate", "--checkpoint", best, "--input", files["src"], "--shortlist", shortlist, "--greedy")
+    assert r.exit_code == 0 and len(r.stdout.split("\n")[:-1]) == len(LINES), r.output
+    r = tfm("shortlist", "--checkpoint", best, "--output", shortlist)
+    assert r.exit_code == 2 and "exists; pass --overwrite" in one_error_line(r.stderr)
+
+
 @pytest.mark.parametrize(
     "args, words",
     [
@@ -92,6 +103,8 @@ def test_tfm_score_writes_a_line_a_pair(tiny_run, files, tmp_path):
         (["score", "--tgt", "{tgt_two}", "--src", "{src_gap}"], "line 2: the source is empty"),
         (["score", "--tgt", "{tgt_two}", "--format", "csv"], "--format takes tsv or jsonl, not 'csv'"),
         (["translate", "--prefix", "A", "--prefix-file", "{prefixes_short}"], "give one of them"),
+        (["translate", "--shortlist", "{missing}"], "does not exist; make one with tfm shortlist"),
+        (["shortlist"], "--src and --tgt go together"),
     ],
 )
 def test_bad_decoding_input_is_one_line_and_writes_nothing(tiny_run, files, tmp_path, args, words):

@@ -4,7 +4,7 @@ rounding, its parts the whole's rows."""
 import torch
 from torch import nn
 
-from transformer.model.linears import Int8Linear, LinearParts, swap_linears
+from transformer.model.linears import Int8Linear, LinearParts, output_rows, swap_linears
 from transformer.model.transformer import StackedLinear
 
 
@@ -37,3 +37,13 @@ def test_an_int8_row_gives_the_same_numbers_alone_and_in_any_batch():
     alone = q(rows[:1])
     for n in (8, 64, 256):
         assert torch.equal(q(rows[:n])[:1], alone)
+
+
+def test_output_rows_give_the_whole_layers_numbers_for_those_rows():
+    torch.manual_seed(0)
+    linear, ids = nn.Linear(64, 50), torch.tensor([0, 7, 8, 49])
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(output_rows(linear, ids)(x), linear(x)[:, ids], rtol=0, atol=1e-6)
+    q = Int8Linear(linear.weight, linear.bias)
+    for rows in (x[:1], x):  # one row and several read the int8 weights in their two layouts
+        assert torch.equal(output_rows(q, ids)(rows), q(rows)[:, ids])

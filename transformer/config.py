@@ -133,7 +133,8 @@ class TrainConfig:
 class DecodeConfig:
     """The settings a decode takes, in one place: the config's ``decode`` section, which a command's flags or a
     request's keys replace for one decode (serving.checks.REQUEST names those a request may set). Search (beam, or
-    sampling), n-best, length penalty and limits, batch size, the target language and what alignments read."""
+    sampling), n-best, length penalty and limits, batch size, the target language, what alignments read and a lexical
+    shortlist."""
 
     beam: int = 4
     nbest: int = 1  # hypotheses returned per sentence: at most the beam, or that many samples
@@ -150,6 +151,7 @@ class DecodeConfig:
     top_p: float = 1.0  # sampling: from the smallest set of tokens holding this much probability
     seed: int = 1  # sampling: with the line number, seeds each sentence's draws (the same whatever the batch)
     align_layer: int = -1  # alignments: the decoder layer whose encoder-decoder attention they read (-1: the last)
+    shortlist: str | None = None  # a file of tfm shortlist: each step scores the tokens it lists for the source
 
 
 @dataclass

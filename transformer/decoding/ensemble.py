@@ -52,9 +52,9 @@ class Ensemble(nn.Module):
         encoded = [member.encode(src) for member in self.members]
         return [memory for memory, _ in encoded], encoded[0][1]
 
-    def start_state(self, memories: list[Tensor], src_keep: Tensor) -> EnsembleState:
-        """Each member's fresh state, one row per sentence."""
-        return EnsembleState([m.start_state(memory, src_keep) for m, memory in zip(self.members, memories)])
+    def start_state(self, memories: list[Tensor], src_keep: Tensor, vocab: Tensor | None = None) -> EnsembleState:
+        """Each member's fresh state, one row per sentence (scoring ``vocab``'s target ids alone, if given)."""
+        return EnsembleState([m.start_state(memory, src_keep, vocab) for m, memory in zip(self.members, memories)])
 
     def decode_step(self, tokens: Tensor, state: EnsembleState) -> Tensor:
         """Log of the members' mean next-token probabilities [R, V] after ``tokens`` [R]: normalised log-probabilities

@@ -33,6 +33,7 @@ from transformer.decoding.search import (
     ranked,
     sample,
 )
+from transformer.decoding.shortlist import Shortlist, Shortlisted
 from transformer.errors import ConfigError, TranslateError
 from transformer.measured import decoding_precision
 from transformer.model.decoding_copy import decoding_model
@@ -163,6 +164,7 @@ class Translator:
         self.targets = sorted({tgt for _, tgt in cfg.data.pairs()})
         if decode.to is not None:
             self.to(decode.to)  # a target the model has
+        self.shortlist = Shortlist.load(decode.shortlist, tokenizer) if decode.shortlist else None
 
     @classmethod
     def from_checkpoint(
@@ -254,6 +256,10 @@ class Translator:
         """The n-best of each sentence of the batch (or n samples, best first), or with ``every_alpha`` all that beam
         search finishes, unranked."""
         t, d, src = self.tokenizer, self.decode, batch.src
+        model = self.model
+        if self.shortlist is not None:  # and a forced prefix's tokens
+            vocab = self.shortlist.tokens(src, t.pad_id, (i for p in batch.prefixes or [] for i in p))
+            model = Shortlisted(self.model, vocab)
         with (
             autocast(self.precision, self.device),
             decoding_threads(self.device, src.size(0) * max(d.beam, d.nbest if d.sample else 1)),
@@ -266,16 +272,14 @@ class Translator:
                 choice = Sample([_generator(s) for s in seeds], d.temperature, d.top_k, d.top_p)
                 rows = src.repeat_interleave(n, 0)
                 prefixes = [p for p in batch.prefixes for _ in range(n)] if batch.prefixes else None
-                drawn = sample(self.model, rows, *limits, choice, d.alpha, d.max_len_a, d.max_len_b, prefixes)
+                drawn = sample(model, rows, *limits, choice, d.alpha, d.max_len_a, d.max_len_b, prefixes)
                 return [sorted(drawn[i : i + n], key=lambda h: -h.score) for i in range(0, len(drawn), n)]
             if d.beam == 1:
-                greedy = greedy_search(self.model, src, *limits, d.max_len_a, d.max_len_b, d.alpha, batch.prefixes)
+                greedy = greedy_search(model, src, *limits, d.max_len_a, d.max_len_b, d.alpha, batch.prefixes)
                 return [[h] for h in greedy]
             if every_alpha:
-                return beam_finished(self.model, src, *limits, d.beam, d.max_len_a, d.max_len_b, batch.prefixes)
-            return beam_search(
-                self.model, src, *limits, d.beam, d.alpha, d.nbest, d.max_len_a, d.max_len_b, batch.prefixes
-            )
+                return beam_finished(model, src, *limits, d.beam, d.max_len_a, d.max_len_b, batch.prefixes)
+            return beam_search(model, src, *limits, d.beam, d.alpha, d.nbest, d.max_len_a, d.max_len_b, batch.prefixes)
 
     def _hypotheses(
         self,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 
 class DecoderState:
@@ -16,6 +16,7 @@ class DecoderState:
     cross [sentences, N, ...] and cross_mask [sentences, N, ...]: what each layer's encoder-decoder attention reads
     of the source (MultiHeadAttention.memory_state: K, V and the mask), computed once per sentence and shared by its
     rows.
+    vocab: the target ids every step scores with the output layer of those alone (a lexical shortlist's), or None.
     self_kv [rows, N, 2, h, capacity, d_k]: self-attention keys and values; the first ``length``
     positions are filled, and the capacity doubles when full. All layers in one row-major tensor make
     reordering one contiguous copy per row.
@@ -24,6 +25,7 @@ class DecoderState:
     def __init__(self, cross: Tensor, cross_mask: Tensor, h: int, d_k: int, capacity: int = 32):
         sentences, N = cross.shape[:2]
         self.cross, self.cross_mask = cross, cross_mask
+        self.vocab: tuple[Tensor, nn.Module] | None = None  # the target ids steps score, and their output layer
         self.length = 0
         self._buffers: list[Tensor | None] = [None, None]  # behind self_kv, and select's spare (swapped each step)
         self.self_kv = self._view(0, (sentences, N, 2, h, capacity, d_k), cross)

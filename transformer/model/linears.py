@@ -33,11 +33,23 @@ class Int8Linear(nn.Module):
     def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
         super().__init__()
         w = weight.detach().float()
-        self.out_features, self.in_features = w.shape
         scale = (w.abs().amax(1) / 127).clamp_min(1e-12)
-        self.register_buffer("weight_t", torch.round(w / scale[:, None]).to(torch.int8).t().contiguous())
+        q = torch.round(w / scale[:, None]).to(torch.int8)
+        self._hold(q, scale, torch.zeros(w.size(0)) if bias is None else bias.detach().float().clone())
+
+    def _hold(self, q: Tensor, scale: Tensor, bias: Tensor) -> None:
+        """Keep int8 weights q [out, in], their rows' scales and the bias."""
+        self.out_features, self.in_features = q.shape
+        self.register_buffer("weight_t", q.t().contiguous())
         self.register_buffer("weight_scale", scale)
-        self.register_buffer("bias", torch.zeros(w.size(0)) if bias is None else bias.detach().float().clone())
+        self.register_buffer("bias", bias)
+
+    def rows(self, ids: Tensor) -> Int8Linear:
+        """The layer of outputs ``ids`` alone: the same int8 rows and scales, so the same numbers for them."""
+        part = Int8Linear.__new__(Int8Linear)
+        nn.Module.__init__(part)
+        part._hold(self.weight_t.t()[ids], self.weight_scale[ids], self.bias[ids])
+        return part
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)
@@ -60,6 +72,19 @@ class LinearParts(nn.Module):
     def part(self, x: Tensor, rows: slice) -> Tensor:
         """x through the stacked maps' output rows ``rows`` alone, as StackedLinear.part."""
         return self._forwards[rows.start, rows.stop](x)
+
+
+def output_rows(linear: nn.Module, ids: Tensor) -> nn.Module:
+    """The layer computing outputs ``ids`` of ``linear`` (an nn.Linear in any dtype, or an Int8Linear) alone, from
+    the same weights: a lexical shortlist's output layer (decoding.shortlist)."""
+    if isinstance(linear, Int8Linear):
+        return linear.rows(ids)
+    with torch.device("meta"):
+        part = nn.Linear(linear.in_features, len(ids), bias=linear.bias is not None)
+    part.weight = nn.Parameter(linear.weight.detach()[ids], requires_grad=False)
+    if linear.bias is not None:
+        part.bias = nn.Parameter(linear.bias.detach()[ids], requires_grad=False)
+    return part
 
 
 def float_linear(weight: Tensor, bias: Tensor | None) -> nn.Linear:

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from transformer.config import ModelConfig
 from transformer.model.decoder_state import DecoderState
+from transformer.model.linears import output_rows
 from transformer.model.speed import Dropout, attention_kernel
 
 
@@ -318,24 +319,32 @@ class Transformer(nn.Module):
         """
         return self.decode(tgt_in, *self.encode(src), logits=logits)
 
-    def start_state(self, memory: Tensor, src_keep: Tensor) -> DecoderState:
+    def start_state(self, memory: Tensor, src_keep: Tensor, vocab: Tensor | None = None) -> DecoderState:
         """A fresh incremental state with one row per sentence; what each layer's encoder-decoder attention reads of
-        the source is computed here, once."""
+        the source is computed here, once. With ``vocab`` (target ids: a shortlist's), its steps score those alone."""
         mask, rows = safe_mask(src_keep)
         layers = self.decoder.layers
         cross = [layer.cross_attn.memory_state(memory, mask, rows) for layer in layers]
         h, d_k = layers[0].self_attn.h, layers[0].self_attn.d_k
-        return DecoderState(torch.stack([kv for kv, _ in cross], 1), torch.stack([m for _, m in cross], 1), h, d_k)
+        state = DecoderState(torch.stack([kv for kv, _ in cross], 1), torch.stack([m for _, m in cross], 1), h, d_k)
+        if vocab is not None:
+            state.vocab = (vocab, output_rows(self.generator, vocab))
+        return state
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
-        """The next position's logits [R, V] given its input tokens [R]; appends to the state's cache."""
+        """The next position's logits [R, V] given its input tokens [R]; appends to the state's cache. A state with a
+        vocabulary of its own gives -inf to every other token."""
         t = state.length
         state.reserve(t + 1)
         y = self.embed(tokens[:, None], self.tgt_embed, t)[:, 0]
         for i, layer in enumerate(self.decoder.layers):
             y = layer.step(y, state.self_kv[:, i], t, state.cross[:, i], state.cross_mask[:, i])
         state.length = t + 1
-        return self.generator(self.decoder.norm(y))
+        if state.vocab is None:
+            return self.generator(self.decoder.norm(y))
+        ids, output = state.vocab
+        part = output(self.decoder.norm(y))
+        return part.new_full((part.size(0), self.generator.out_features), float("-inf")).index_copy_(1, ids, part)
 
     def attention_weights(self, src: Tensor, tgt_in: Tensor) -> dict[str, list[Tensor]]:
         """Attention probabilities for heatmaps: 'encoder', 'decoder', 'cross' -> per layer [B, h, T_q, T_k]."""

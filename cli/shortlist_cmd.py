@@ -1,0 +1,63 @@
+"""``tfm shortlist``: count a lexical shortlist (decoding.shortlist) for a checkpoint from parallel text, its
+training split's by default."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from itertools import islice
+from pathlib import Path
+
+from cli.exits import fail
+from cli.guards import check_input, check_output
+
+
+def run_shortlist(
+    checkpoint: Path,
+    output: Path,
+    src: Path | None,
+    tgt: Path | None,
+    data_dir: str | None,
+    per_token: int,
+    frequent: int,
+    max_pairs: int,
+    overwrite: bool,
+) -> None:
+    """Tokenize up to ``max_pairs`` pairs with the checkpoint's tokenizer, count the shortlist and write it."""
+    from transformer import checkpoint as ckpt
+    from transformer.decoding.shortlist import Shortlist
+    from transformer.text.corpus import load_split
+    from transformer.text.directions import direction_data
+    from transformer.text.tokenizer import Tokenizer
+
+    if (src is None) != (tgt is None):
+        fail("--src and --tgt go together; give both, or neither to count the checkpoint's training split")
+    for path, flag in ((src, "--src"), (tgt, "--tgt")):
+        if path is not None:
+            check_input(path, flag)
+    ckpt.check_files(checkpoint, ckpt.CONFIG, ckpt.TOKENIZER)
+    check_output(output, overwrite, (src, tgt, *ckpt.read_files(checkpoint)))
+    cfg = ckpt.read_config(checkpoint)
+    tokenizer = Tokenizer.load(checkpoint / ckpt.TOKENIZER)
+    if src is not None and tgt is not None:
+        sources = src.read_text(encoding="utf-8", errors="replace").splitlines()
+        targets = tgt.read_text(encoding="utf-8", errors="replace").splitlines()
+        if len(sources) != len(targets):
+            fail(f"--src {src} has {len(sources)} lines and --tgt {tgt} {len(targets)}; give one target a source line")
+        texts = list(islice(zip(sources, targets), max_pairs))
+    else:
+        data = dataclasses.replace(cfg.data, path=data_dir) if data_dir else cfg.data
+        texts = []
+        for s, t in data.pairs():
+            corpus = load_split(direction_data(data, s, t), data.train_split)
+            texts += list(islice(zip(corpus.src, corpus.tgt), max_pairs - len(texts)))
+    if cfg.data.lowercase:
+        texts = [(s.lower(), t.lower()) for s, t in texts]
+    ids = zip(tokenizer.encode_batch([s for s, _ in texts]), tokenizer.encode_batch([t for _, t in texts]))
+    shortlist = Shortlist.count(ids, tokenizer, per_token, frequent)
+    shortlist.save(output)
+    print(
+        f"shortlist of {len(texts):,} pairs: {per_token} target tokens per source token, {len(shortlist.always):,} "
+        f"kept for every sentence, written to {output}",
+        file=sys.stderr,
+    )

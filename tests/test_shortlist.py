@@ -1,0 +1,86 @@
+"""The lexical shortlist: counted from pairs as p(t | s) ranks them, a batch's tokens its sources' lists and the
+frequent ones, decoding that scores those alone (and exactly as the whole vocabulary where they are all of it), and a
+file made for another tokenizer refused."""
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from tiny import SAMPLE, tiny_config
+
+from transformer.checkpoint import Loaded
+from transformer.decoding.ensemble import Ensemble
+from transformer.decoding.search import beam_search, greedy_search
+from transformer.decoding.shortlist import Shortlist, Shortlisted
+from transformer.decoding.translator import TranslateOptions, Translator
+from transformer.errors import ConfigError, DataError
+from transformer.model.decoding_copy import decoding_model
+from transformer.model.transformer import Transformer
+from transformer.text.tokenizer import Tokenizer
+
+LINES = ["Ein Mann fährt Fahrrad.", "Der Hund läuft im Park.", "Zwei Kinder spielen im Wasser."]
+
+
+@pytest.fixture(scope="module")
+def tok() -> Tokenizer:
+    texts = (SAMPLE / "train.de").read_text().splitlines() + (SAMPLE / "train.en").read_text().splitlines()
+    return Tokenizer.train(texts, vocab_size=400)
+
+
+@pytest.fixture(scope="module")
+def loaded(tok: Tokenizer, tmp_path_factory: pytest.TempPathFactory) -> Loaded:
+    cfg = tiny_config(tmp_path_factory.mktemp("sl"), decode={"max_len_b": 6, "beam": 3})
+    torch.manual_seed(0)
+    return Loaded(cfg, tok, Transformer(cfg.model, tok.vocab_size, tok.pad_id), {}, cfg.out_dir)
+
+
+def test_each_source_token_lists_the_targets_most_often_beside_it(tok: Tokenizer) -> None:
+    a, b, x, y, z = (tok.encode(w)[0] for w in ("Mann", "Hund", "man", "dog", "bike"))
+    pairs = [([a], [x, z])] * 3 + [([a], [y])] + [([b], [y])] * 2 + [([a, b], [x])] * 4
+    shortlist = Shortlist.count(pairs, tok, per_token=2, frequent=0)
+    assert shortlist.table[a].tolist() == [x, z] and shortlist.table[b].tolist() == [x, y]  # a: 7 x, 3 z; b: 4 x, 2 y
+    assert sorted(shortlist.always.tolist()) == sorted({tok.pad_id, tok.start_id, tok.end_id, tok.unk_id})
+    frequent = Shortlist.count(pairs, tok, per_token=2, frequent=1)
+    assert x in frequent.always.tolist() and frequent.table[a].tolist() == [z, y]  # x is kept for every sentence
+    src = torch.tensor([[a, tok.pad_id]])
+    assert frequent.tokens(src, tok.pad_id, also=[b]).tolist() == sorted({*frequent.always.tolist(), z, y, b})
+
+
+def test_a_shortlist_of_every_token_decodes_as_the_whole_vocabulary(tok: Tokenizer, loaded: Loaded) -> None:
+    everything = Shortlist(torch.full((tok.vocab_size, 1), -1), torch.arange(tok.vocab_size), tok.fingerprint())
+    src = torch.tensor([tok.encode(line) for line in LINES[:1]])
+    for precision in ("fp32", "int8"):
+        model = decoding_model(loaded.model, precision, torch.device("cpu"))
+        restricted = Shortlisted(model, everything.tokens(src, tok.pad_id))
+        for search in (greedy_search, beam_search):
+            full = search(model, src, tok.start_id, tok.end_id)
+            assert search(restricted, src, tok.start_id, tok.end_id) == full
+
+
+def test_decoding_chooses_among_the_batch_tokens_alone(tok: Tokenizer, loaded: Loaded, tmp_path: Path) -> None:
+    few = torch.tensor([tok.encode(w)[0] for w in ("man", "dog", "bike")])
+    table = torch.full((tok.vocab_size, 1), -1)
+    path = tmp_path / "few.safetensors"
+    Shortlist(table, torch.cat([few, torch.tensor([tok.end_id])]), tok.fingerprint()).save(path)
+    models = [loaded.model, Transformer(loaded.cfg.model, tok.vocab_size, tok.pad_id)]
+    for precision in ("fp32", "int8", "bf16"):
+        for members in (models[:1], models):
+            given = [replace(loaded, model=m) for m in members]
+            t = Translator.from_checkpoint(given, TranslateOptions("cpu", precision, shortlist=str(path)))
+            for hyps in t._hypotheses(LINES, 1, t._search)[1]:
+                assert hyps and all(set(h.tokens) <= set(few.tolist()) for h in hyps)
+    assert isinstance(t.model, Ensemble)
+
+
+def test_a_shortlist_for_another_tokenizer_or_no_shortlist_is_refused(tok: Tokenizer, tmp_path: Path) -> None:
+    other = Tokenizer.train(["ganz andere Wörter hier", "quite other words here"] * 10, vocab_size=300)
+    path = tmp_path / "other.safetensors"
+    Shortlist.count([([5], [6])], other, per_token=2, frequent=2).save(path)
+    with pytest.raises(ConfigError, match="made for another tokenizer"):
+        Shortlist.load(path, tok)
+    with pytest.raises(ConfigError, match="does not exist; make one with tfm shortlist"):
+        Shortlist.load(tmp_path / "none.safetensors", tok)
+    (damaged := tmp_path / "damaged.safetensors").write_bytes(path.read_bytes()[:100])
+    with pytest.raises(DataError, match="cannot be read"):
+        Shortlist.load(damaged, tok)
