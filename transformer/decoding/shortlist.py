@@ -1,6 +1,7 @@
 """A lexical shortlist (Marian's ``--shortlist``, CTranslate2's vocabulary map): the target tokens each source token
-is likely to bring into a translation, so that a decoding step scores only the batch's few hundred candidates
-instead of the whole vocabulary; the output layer is the largest matrix a small model multiplies at every step.
+is likely to bring into a translation, so that a decoding step scores only the batch's candidates (a few hundred
+for a sentence) instead of the whole vocabulary; the output layer is the largest matrix a small model multiplies at
+every step.
 
 It is counted from parallel text tokenized with the model's tokenizer: for each source token s, the ``per_token``
 target tokens t with the highest p(t | s), the share of the pairs holding s whose target holds t, among tokens that
@@ -142,7 +143,6 @@ class _PairCounts:
             return
         block, n = np.unique(np.concatenate(self.pending), return_counts=True)
         codes, where = np.unique(np.concatenate([self.codes, block]), return_inverse=True)
-        self.counts = np.bincount(where, weights=np.concatenate([self.counts, n]), minlength=len(codes)).astype(
-            np.int64
-        )
+        weights = np.concatenate([self.counts, n])
+        self.counts = np.bincount(where, weights=weights, minlength=len(codes)).astype(np.int64)
         self.codes, self.pending, self.size = codes, [], 0
