@@ -105,15 +105,11 @@ class Shortlisted(nn.Module):
         super().__init__()
         self.model, self.vocab, self.pad_id = model, vocab, model.pad_id
         self.training = model.training
-
-    def encode(self, src: torch.Tensor) -> Any:
-        return self.model.encode(src)
+        self.encode, self.decode_step = model.encode, model.decode_step  # the model's own: its state holds the vocab
 
     def start_state(self, memory: Any, src_keep: torch.Tensor) -> Any:
+        """The model's fresh state, its steps scoring ``vocab`` alone."""
         return self.model.start_state(memory, src_keep, self.vocab)
-
-    def decode_step(self, tokens: torch.Tensor, state: Any) -> torch.Tensor:
-        return self.model.decode_step(tokens, state)
 
 
 class _PairCounts:
