@@ -9,6 +9,7 @@ and the peak memory of ``tfm translate`` over the test sources, fp32 and int8.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +58,8 @@ def ratios(row: dict[str, Any]) -> dict[str, float]:
     for p in PRECISIONS:
         out[f"student_vs_recipe_{p}"] = speed("tfm", p, "student") / speed("tfm", p, "recipe")
         out[f"student_{p}_vs_ct2_int8_recipe"] = speed("tfm", p, "student") / speed("ctranslate2", "int8", "recipe")
-        if label("tfm", p, "student") + SHORTLIST in row:
-            shortlisted = row[label("tfm", p, "student") + SHORTLIST]["sentences_per_s"]
+        if (listed := label("tfm", p, "student") + SHORTLIST) in row:
+            shortlisted = row[listed]["sentences_per_s"]
             out[f"student_shortlist_vs_recipe_{p}"] = shortlisted / speed("tfm", p, "recipe")
             out[f"student_shortlist_{p}_vs_ct2_int8_recipe"] = shortlisted / speed("ctranslate2", "int8", "recipe")
     return out
@@ -88,10 +89,10 @@ def table_lines(result: dict[str, Any], targets: dict[str, float]) -> list[str]:
     lines = []
     for r in result["grid"]:
         search = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
-        for p, listed in ((p, listed) for listed in ("", SHORTLIST) for p in PRECISIONS):
-            if label("tfm", p, "student") + listed not in r:
+        for listed, p in itertools.product(("", SHORTLIST), PRECISIONS):
+            if (system := label("tfm", p, "student") + listed) not in r:
                 continue
-            ours = r[label("tfm", p, "student") + listed]["sentences_per_s"]
+            ours = r[system]["sentences_per_s"]
             kind = "student" + listed.replace(" ", "_")
             for key, peer, target in (
                 (f"{kind}_vs_recipe_{p}", label("tfm", p, "recipe"), targets["student_vs_recipe"]),

@@ -33,6 +33,20 @@ def check_input(path: Path, what: str = "input file") -> None:
         fail(f"{what} '{path}' is a device that never ends (such as /dev/zero), not lines of text; pass a file")
 
 
+def read_lines(path: Path, flag: str) -> list[str]:
+    """The lines of a UTF-8 text file given as ``flag`` (checked as ``check_input`` does); a line that is not UTF-8
+    is refused naming it."""
+    check_input(path, flag)
+    raw = path.read_bytes().splitlines()
+    lines = []
+    for no, line in enumerate(raw, 1):
+        try:
+            lines.append(line.decode("utf-8").rstrip("\r"))
+        except UnicodeDecodeError:
+            fail(f"{flag} {path} line {no}: invalid UTF-8; re-encode the file as UTF-8")
+    return lines
+
+
 def _endless_device(path: Path) -> bool:
     """A character device that reads forever (/dev/zero, /dev/full, /dev/urandom): not a terminal, not /dev/null.
 

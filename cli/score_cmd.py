@@ -8,25 +8,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cli.exits import fail
-from cli.guards import check_input, check_output, check_stdout
+from cli.guards import check_output, check_stdout, read_lines
 
 if TYPE_CHECKING:
     from transformer.decoding.forced import Scored
     from transformer.decoding.translator import TranslateOptions
 
 FORMATS = ("tsv", "jsonl")
-
-
-def _read(path: Path, flag: str) -> list[str]:
-    check_input(path, flag)
-    raw = path.read_bytes().splitlines()
-    lines = []
-    for no, line in enumerate(raw, 1):
-        try:
-            lines.append(line.decode("utf-8").rstrip("\r"))
-        except UnicodeDecodeError:
-            fail(f"{flag} {path} line {no}: invalid UTF-8; re-encode the file as UTF-8")
-    return lines
 
 
 def _row(no: int, s: Scored, pieces: list[str], fmt: str, tokens: bool) -> str:
@@ -55,7 +43,7 @@ def run_score(
 
     if fmt not in FORMATS:
         fail(f"--format takes {' or '.join(FORMATS)}, not '{fmt}'")
-    sources, targets = _read(src, "--src"), _read(tgt, "--tgt")
+    sources, targets = read_lines(src, "--src"), read_lines(tgt, "--tgt")
     if len(sources) != len(targets):
         fail(f"--src {src} has {len(sources)} lines and --tgt {tgt} {len(targets)}; give one target a source line")
     paths = checkpoints or [ckpt.newest(runs)]

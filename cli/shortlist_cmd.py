@@ -9,7 +9,7 @@ from itertools import islice
 from pathlib import Path
 
 from cli.exits import fail
-from cli.guards import check_input, check_output
+from cli.guards import check_output, read_lines
 
 
 def run_shortlist(
@@ -32,27 +32,21 @@ def run_shortlist(
 
     if (src is None) != (tgt is None):
         fail("--src and --tgt go together; give both, or neither to count the checkpoint's training split")
-    for path, flag in ((src, "--src"), (tgt, "--tgt")):
-        if path is not None:
-            check_input(path, flag)
+    given = (read_lines(src, "--src"), read_lines(tgt, "--tgt")) if src is not None and tgt is not None else None
+    if given is not None and len(given[0]) != len(given[1]):
+        fail(f"--src {src} has {len(given[0])} lines and --tgt {tgt} {len(given[1])}; give one target a source line")
     ckpt.check_files(checkpoint, ckpt.CONFIG, ckpt.TOKENIZER)
     check_output(output, overwrite, (src, tgt, *ckpt.read_files(checkpoint)))
     cfg = ckpt.read_config(checkpoint)
     tokenizer = Tokenizer.load(checkpoint / ckpt.TOKENIZER)
-    if src is not None and tgt is not None:
-        sources = src.read_text(encoding="utf-8", errors="replace").splitlines()
-        targets = tgt.read_text(encoding="utf-8", errors="replace").splitlines()
-        if len(sources) != len(targets):
-            fail(f"--src {src} has {len(sources)} lines and --tgt {tgt} {len(targets)}; give one target a source line")
-        texts = list(islice(zip(sources, targets), max_pairs))
-    else:
+    if given is not None:  # as the training data was read: lowercased for a model trained on lowercased text
+        texts = [(s.lower(), t.lower()) if cfg.data.lowercase else (s, t) for s, t in islice(zip(*given), max_pairs)]
+    else:  # load_split lowercases as the config says
         data = dataclasses.replace(cfg.data, path=data_dir) if data_dir else cfg.data
         texts = []
         for s, t in data.pairs():
             corpus = load_split(direction_data(data, s, t), data.train_split)
             texts += list(islice(zip(corpus.src, corpus.tgt), max_pairs - len(texts)))
-    if cfg.data.lowercase:
-        texts = [(s.lower(), t.lower()) for s, t in texts]
     ids = zip(tokenizer.encode_batch([s for s, _ in texts]), tokenizer.encode_batch([t for _, t in texts]))
     shortlist = Shortlist.count(ids, tokenizer, per_token, frequent)
     shortlist.save(output)

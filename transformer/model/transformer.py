@@ -340,10 +340,11 @@ class Transformer(nn.Module):
         for i, layer in enumerate(self.decoder.layers):
             y = layer.step(y, state.self_kv[:, i], t, state.cross[:, i], state.cross_mask[:, i])
         state.length = t + 1
+        y = self.decoder.norm(y)
         if state.vocab is None:
-            return self.generator(self.decoder.norm(y))
+            return self.generator(y)
         ids, output = state.vocab
-        part = output(self.decoder.norm(y))
+        part = output(y)
         return part.new_full((part.size(0), self.generator.out_features), float("-inf")).index_copy_(1, ids, part)
 
     def attention_weights(self, src: Tensor, tgt_in: Tensor) -> dict[str, list[Tensor]]:
