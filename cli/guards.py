@@ -33,7 +33,15 @@ def check_input(path: Path, what: str = "input file") -> None:
         fail(f"{what} '{path}' is a device that never ends (such as /dev/zero), not lines of text; pass a file")
 
 
-def read_lines(path: Path, flag: str) -> list[str]:
+def read_pairs(src: Path, tgt: Path) -> tuple[list[str], list[str]]:
+    """The lines of ``--src`` and ``--tgt``, one target a source line; files of different lengths are refused."""
+    sources, targets = _read_lines(src, "--src"), _read_lines(tgt, "--tgt")
+    if len(sources) != len(targets):
+        fail(f"--src {src} has {len(sources)} lines and --tgt {tgt} {len(targets)}; give one target a source line")
+    return sources, targets
+
+
+def _read_lines(path: Path, flag: str) -> list[str]:
     """The lines of a UTF-8 text file given as ``flag`` (checked as ``check_input`` does); a line that is not UTF-8
     is refused naming it."""
     check_input(path, flag)

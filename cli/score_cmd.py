@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cli.exits import fail
-from cli.guards import check_output, check_stdout, read_lines
+from cli.guards import check_output, check_stdout, read_pairs
 
 if TYPE_CHECKING:
     from transformer.decoding.forced import Scored
@@ -43,9 +43,7 @@ def run_score(
 
     if fmt not in FORMATS:
         fail(f"--format takes {' or '.join(FORMATS)}, not '{fmt}'")
-    sources, targets = read_lines(src, "--src"), read_lines(tgt, "--tgt")
-    if len(sources) != len(targets):
-        fail(f"--src {src} has {len(sources)} lines and --tgt {tgt} {len(targets)}; give one target a source line")
+    sources, targets = read_pairs(src, tgt)
     paths = checkpoints or [ckpt.newest(runs)]
     read = [f for path in paths for f in ckpt.read_files(path)]
     if output is not None:

@@ -9,7 +9,7 @@ from itertools import islice
 from pathlib import Path
 
 from cli.exits import fail
-from cli.guards import check_output, read_lines
+from cli.guards import check_output, read_pairs
 
 
 def run_shortlist(
@@ -32,9 +32,7 @@ def run_shortlist(
 
     if (src is None) != (tgt is None):
         fail("--src and --tgt go together; give both, or neither to count the checkpoint's training split")
-    given = (read_lines(src, "--src"), read_lines(tgt, "--tgt")) if src is not None and tgt is not None else None
-    if given is not None and len(given[0]) != len(given[1]):
-        fail(f"--src {src} has {len(given[0])} lines and --tgt {tgt} {len(given[1])}; give one target a source line")
+    given = read_pairs(src, tgt) if src is not None and tgt is not None else None
     ckpt.check_files(checkpoint, ckpt.CONFIG, ckpt.TOKENIZER)
     check_output(output, overwrite, (src, tgt, *ckpt.read_files(checkpoint)))
     cfg = ckpt.read_config(checkpoint)
