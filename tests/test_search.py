@@ -187,6 +187,21 @@ def test_beam_1_is_greedy_and_nbest_starts_with_1_best():
     assert all(len(hs) == 5 and [h.score for h in hs] == sorted((h.score for h in hs), reverse=True) for hs in nbest)
 
 
+def test_greedy_takes_the_most_probable_token_at_every_step():
+    """Against a greedy decode written apart from the search: at each step the argmax (never <PAD> or <START>) of the
+    model's distribution after the whole prefix, re-decoded, until <END> or the length limit (src_len + 8 tokens)."""
+    model, src = random_model().eval(), random_sources(8, seed=6)
+    for i, h in enumerate(greedy_search(model, src, START, END, max_len_b=8)):
+        s = src[i : i + 1, : int((src[i] != PAD).sum())]
+        seq = [START]
+        while seq[-1] != END and len(seq) <= s.size(1) + 8:
+            with torch.no_grad():
+                logits = model(s, torch.tensor([seq]))[0, -1]
+            logits[[PAD, START]] = float("-inf")
+            seq.append(int(logits.argmax()))
+        assert h.tokens == [t for t in seq[1:] if t != END]
+
+
 def test_scores_are_the_models_log_probs_and_training_mode_is_restored():
     model, src = random_model().train(), random_sources(5, seed=5)
     greedy = greedy_search(model, src, START, END, max_len_b=8)

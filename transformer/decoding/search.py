@@ -256,47 +256,54 @@ def _decode(
             inf = float("inf")
             best_lp = best_lp.nan_to_num(nan=-inf, posinf=-inf, neginf=-inf)  # a row turned NaN (half overflow)
             m = best_lp.size(1)
-            c = min(2 * k if k > 1 else 1, width * m)
-            top, j = (scores.view(-1, 1) + best_lp).view(n, width * m).topk(c, dim=1)  # [n, c]
-            rows = j // m + torch.arange(0, n * width, width, device=device)[:, None]  # the row of each candidate
-            cand = best_tok.view(n, -1).gather(1, j)
-            cand_lp = best_lp.view(n, -1).gather(1, j)
-            is_end = cand == end_id
-            live = torch.sort(is_end.to(torch.uint8), dim=1, stable=True).indices[:, :k]  # first k not ending
-            scores = top.gather(1, live)
-            # What the host decides on, read in one wait: the first k candidates that end, their rows and scores, and
-            # each sentence's best live row (top is sorted, so its first live one).
-            final, end_rows, end_lps, end_tops, live_best = host.to_host(
-                is_end[:, :k] & top[:, :k].isfinite(), rows[:, :k], cand_lp[:, :k], top[:, :k], scores[:, 0]
-            )
+            if width * m == 1:  # one row with one candidate a sentence (greedy, sampling): it is the sentence's best
+                top, cand, cand_lp, rows, live = scores + best_lp, best_tok, best_lp, None, None
+                is_end = cand == end_id
+                scores = top
+            else:
+                c = min(2 * k, width * m)  # a beam of k > 1 (k = 1 has one candidate a row)
+                top, j = (scores.view(-1, 1) + best_lp).view(n, width * m).topk(c, dim=1)  # [n, c]
+                rows = j // m + torch.arange(0, n * width, width, device=device)[:, None]  # each candidate's row
+                cand = best_tok.view(n, -1).gather(1, j)
+                cand_lp = best_lp.view(n, -1).gather(1, j)
+                is_end = cand == end_id
+                live = torch.sort(is_end.to(torch.uint8), dim=1, stable=True).indices[:, :k]  # first k not ending
+                scores = top.gather(1, live)
+            # What the host decides on, read in one wait: which of the first k candidates end and, to settle, each
+            # sentence's best live row (top is sorted, so its first live one). What ended is read in a second.
+            final, *best_live = host.to_host(is_end[:, :k] & top[:, :k].isfinite(), *([scores[:, 0]] if settle else []))
             if final.any():
                 i, jj = final.nonzero(as_tuple=True)
-                r = host.to_device(end_rows[i, jj].tolist(), torch.long, device)
-                toks_lps = zip(*(t.tolist() for t in host.to_host(seq[r], seq_lp[r])))
-                for s, (toks, lps), end_lp, log_prob in zip(
-                    i.tolist(), toks_lps, end_lps[i, jj].tolist(), end_tops[i, jj].tolist()
-                ):
+                di, dj = (host.to_device(x.tolist(), torch.long, device) for x in (i, jj))
+                r = di if rows is None else rows[di, dj]
+                ended = zip(*(t.tolist() for t in host.to_host(seq[r], seq_lp[r], cand_lp[di, dj], top[di, dj])))
+                for s, (toks, lps, end_lp, log_prob) in zip(i.tolist(), ended):
                     finished[sentences[s]].append(Hypothesis(toks, log_prob, log_prob, lps + [end_lp]))
-            best_live = live_best.tolist()
+            best = best_live[0].tolist() if settle else []
             alive = [
                 s
                 for s in range(n)
                 if len(finished[sentences[s]]) < k
                 and step < scorer.max_lens[sentences[s]]
-                and not (settle and _settled(scorer, finished[sentences[s]], best_live[s], sentences[s], *settle))
+                and not (settle and _settled(scorer, finished[sentences[s]], best[s], sentences[s], *settle))
             ]
             keep = None
             if len(alive) < n:
                 keep = host.to_device(alive, torch.long, device)
-                live, scores, rows, cand, cand_lp = live[keep], scores[keep], rows[keep], cand[keep], cand_lp[keep]
+                scores, cand, cand_lp = scores[keep], cand[keep], cand_lp[keep]
+                if live is not None:
+                    live, rows = live[keep], rows[keep]
                 sentences = [sentences[s] for s in alive]
-            flat = rows.gather(1, live).view(-1)
-            tokens = cand.gather(1, live).view(-1)
-            if k > 1 or keep is not None:  # one row a sentence and none leaving: the rows stay as they are
+            if live is None:  # each sentence's row goes on as it is
+                flat, tokens, token_lp = keep, cand.view(-1), cand_lp
+            else:
+                flat, tokens = rows.gather(1, live).view(-1), cand.gather(1, live).view(-1)
+                token_lp = cand_lp.gather(1, live)
+            if flat is not None:  # None: every row goes on as it is
                 scorer.state.select(flat, keep)
             width = k
-            seq = torch.cat([seq[flat], tokens[:, None]], 1)
-            seq_lp = torch.cat([seq_lp[flat], cand_lp.gather(1, live).view(-1, 1)], 1)
+            seq = torch.cat([seq if flat is None else seq[flat], tokens[:, None]], 1)
+            seq_lp = torch.cat([seq_lp if flat is None else seq_lp[flat], token_lp.view(-1, 1)], 1)
             step += 1
     return finished
 
