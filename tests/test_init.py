@@ -76,6 +76,7 @@ def test_a_run_folder_starts_from_its_best_and_says_so(tiny_run, tmp_path):
     "change, named",
     [
         ({"model": {"d_model": 64}}, "model.d_model is 64 in the config and 32 there"),
+        ({"model": {"decoder_layers": 2}}, "1 encoder and 2 decoder layers in the config and 1 and 1 there"),
         ({"tokenizer": {"vocab_size": 500}}, "tokenizer.vocab_size is 500 in the config and 400 there"),
         ({"data": {"lowercase": True}}, "data.lowercase is True in the config and False there"),
     ],
@@ -85,6 +86,14 @@ def test_a_checkpoint_the_config_cannot_continue_is_refused_naming_the_conflict(
     cfg.train.init = str(tiny_run.run_dir / "best")
     with pytest.raises(TrainError, match=named):
         setup.placed(cfg, False, print)
+
+
+def test_depths_spelled_apart_continue_a_checkpoint_of_the_same_depths(tiny_run, tmp_path):
+    """encoder_layers and decoder_layers equal to the parent's N are its shape, not a conflict."""
+    cfg = tiny_config(tmp_path, model={"encoder_layers": 1, "decoder_layers": 1})
+    cfg.train.init = str(tiny_run.run_dir / "best")
+    placed, _ = setup.placed(cfg, False, print)
+    assert placed.train.init == cfg.train.init
 
 
 def test_through_the_cli_refusals_are_one_line_and_leave_nothing(tiny_run, tmp_path):

@@ -31,7 +31,6 @@ from transformer.text.corpus import Corpus, load_split
 from transformer.training import init
 
 KIND = "distilled"  # what the corpus folder is recorded as
-_DEPTHS = ("N", "encoder_layers", "decoder_layers")  # what a student started from its teacher may have fewer of
 RECIPE = "recipe.json"
 
 
@@ -108,7 +107,7 @@ def from_teacher(cfg: Config, log: Callable[[str], None]) -> Config:
     teacher = checkpoint.load(cfg.distill.teachers[0])
     ours, theirs = cfg.model, teacher.cfg.model
     for f in fields(ModelConfig):
-        if f.name not in _DEPTHS + init.FREE and getattr(ours, f.name) != getattr(theirs, f.name):
+        if f.name not in init.DEPTHS + init.FREE and getattr(ours, f.name) != getattr(theirs, f.name):
             raise TrainError(
                 f"distill.from_teacher: model.{f.name} is {getattr(ours, f.name)} in the student and "
                 f"{getattr(theirs, f.name)} in {teacher.path}; a student starts from its teacher with its shape but "

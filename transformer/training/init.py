@@ -28,6 +28,8 @@ from transformer.text.tokenizer import Tokenizer
 
 # What a model's weights do not fix, and a run started from it may change.
 FREE = ("dropout", "attention_dropout", "relu_dropout", "max_positions")
+# Compared as the depths they give together: N 3 is encoder_layers 3 and decoder_layers 3.
+DEPTHS = ("N", "encoder_layers", "decoder_layers")
 _EMBEDDINGS = ("src_embed.weight", "tgt_embed.weight", "generator.weight")
 
 
@@ -43,10 +45,14 @@ def resolve(cfg: Config, log: Callable[[str], None]) -> Config:
         path = path / "best"
     checkpoint.check_files(path, checkpoint.CONFIG, checkpoint.TOKENIZER, checkpoint.WEIGHTS, checkpoint.META)
     parent = checkpoint.read_config(path)
-    differ = [
+    ours, theirs = cfg.model.depths, parent.model.depths
+    layers = f"the model has {ours[0]} encoder and {ours[1]} decoder layers in the config and {theirs[0]} and "
+    layers += f"{theirs[1]} there"
+    differ = [layers] if ours != theirs else []
+    differ += [
         f"model.{f.name} is {getattr(cfg.model, f.name)} in the config and {getattr(parent.model, f.name)} there"
         for f in fields(ModelConfig)
-        if f.name not in FREE and getattr(cfg.model, f.name) != getattr(parent.model, f.name)
+        if f.name not in FREE + DEPTHS and getattr(cfg.model, f.name) != getattr(parent.model, f.name)
     ]
     differ += [
         f"tokenizer.{f.name} is {getattr(cfg.tokenizer, f.name)} in the config and {getattr(parent.tokenizer, f.name)} "
