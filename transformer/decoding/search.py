@@ -255,12 +255,13 @@ def _decode(
             best_lp, best_tok = choice.pick(lprobs, choice.candidates, sentences, width)  # [n * width, m]
             inf = float("inf")
             best_lp = best_lp.nan_to_num(nan=-inf, posinf=-inf, neginf=-inf)  # a row turned NaN (half overflow)
-            m = best_lp.size(1)
-            if width * m == 1:  # one row with one candidate a sentence (greedy, sampling): it is the sentence's best
-                top, cand, cand_lp, rows, live = scores + best_lp, best_tok, best_lp, None, None
+            one = width * best_lp.size(1) == 1  # one row with one candidate a sentence (greedy, sampling)
+            if one:  # the candidate is the sentence's best: its row goes on as it is
+                top, cand, cand_lp = scores + best_lp, best_tok, best_lp
                 is_end = cand == end_id
                 scores = top
             else:
+                m = best_lp.size(1)
                 c = min(2 * k, width * m)  # a beam of k > 1 (k = 1 has one candidate a row)
                 top, j = (scores.view(-1, 1) + best_lp).view(n, width * m).topk(c, dim=1)  # [n, c]
                 rows = j // m + torch.arange(0, n * width, width, device=device)[:, None]  # each candidate's row
@@ -275,7 +276,7 @@ def _decode(
             if final.any():
                 i, jj = final.nonzero(as_tuple=True)
                 di, dj = (host.to_device(x.tolist(), torch.long, device) for x in (i, jj))
-                r = di if rows is None else rows[di, dj]
+                r = di if one else rows[di, dj]
                 ended = zip(*(t.tolist() for t in host.to_host(seq[r], seq_lp[r], cand_lp[di, dj], top[di, dj])))
                 for s, (toks, lps, end_lp, log_prob) in zip(i.tolist(), ended):
                     finished[sentences[s]].append(Hypothesis(toks, log_prob, log_prob, lps + [end_lp]))
@@ -291,10 +292,10 @@ def _decode(
             if len(alive) < n:
                 keep = host.to_device(alive, torch.long, device)
                 scores, cand, cand_lp = scores[keep], cand[keep], cand_lp[keep]
-                if live is not None:
+                if not one:
                     live, rows = live[keep], rows[keep]
                 sentences = [sentences[s] for s in alive]
-            if live is None:  # each sentence's row goes on as it is
+            if one:
                 flat, tokens, token_lp = keep, cand.view(-1), cand_lp
             else:
                 flat, tokens = rows.gather(1, live).view(-1), cand.gather(1, live).view(-1)
