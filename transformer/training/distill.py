@@ -15,13 +15,13 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from tqdm import tqdm
 
 from transformer import checkpoint
-from transformer.config import Config, ModelConfig, TokenizerConfig
+from transformer.config import Config, TokenizerConfig
 from transformer.decoding.translator import TranslateOptions, Translator
 from transformer.errors import TrainError
 from transformer.model.transformer import Transformer
@@ -106,13 +106,12 @@ def from_teacher(cfg: Config, log: Callable[[str], None]) -> Config:
         raise TrainError("distill.from_teacher needs a teacher; give --teacher CHECKPOINT")
     teacher = checkpoint.load(cfg.distill.teachers[0])
     ours, theirs = cfg.model, teacher.cfg.model
-    for f in fields(ModelConfig):
-        if f.name not in init.DEPTHS + init.FREE and getattr(ours, f.name) != getattr(theirs, f.name):
-            raise TrainError(
-                f"distill.from_teacher: model.{f.name} is {getattr(ours, f.name)} in the student and "
-                f"{getattr(theirs, f.name)} in {teacher.path}; a student starts from its teacher with its shape but "
-                "fewer layers: set it as the teacher's or distill.from_teacher: false"
-            )
+    if conflicts := init.shape_conflicts(ours, theirs):
+        name, a, b = conflicts[0]
+        raise TrainError(
+            f"distill.from_teacher: model.{name} is {a} in the student and {b} in {teacher.path}; a student starts "
+            "from its teacher with its shape but fewer layers: set it as the teacher's or distill.from_teacher: false"
+        )
     picks = {}
     for stack, n, m in zip(("encoder", "decoder"), ours.depths, theirs.depths):
         if n > m:

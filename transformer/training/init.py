@@ -33,6 +33,16 @@ DEPTHS = ("N", "encoder_layers", "decoder_layers")
 _EMBEDDINGS = ("src_embed.weight", "tgt_embed.weight", "generator.weight")
 
 
+def shape_conflicts(ours: ModelConfig, theirs: ModelConfig) -> list[tuple[str, object, object]]:
+    """Each model setting (its name, ours, theirs) that differs between two shapes one model could not carry to the
+    other, their depths aside (those are compared together, as ``ModelConfig.depths``)."""
+    return [
+        (f.name, getattr(ours, f.name), getattr(theirs, f.name))
+        for f in fields(ModelConfig)
+        if f.name not in FREE + DEPTHS and getattr(ours, f.name) != getattr(theirs, f.name)
+    ]
+
+
 def resolve(cfg: Config, log: Callable[[str], None]) -> Config:
     """``cfg`` with ``train.init`` the checkpoint to start from (a run folder gives its ``best/``, said so) and
     ``train.init_fingerprint`` its weights' SHA-256; refuses a checkpoint that the config cannot continue from (another
@@ -49,11 +59,7 @@ def resolve(cfg: Config, log: Callable[[str], None]) -> Config:
     layers = f"the model has {ours[0]} encoder and {ours[1]} decoder layers in the config and {theirs[0]} and "
     layers += f"{theirs[1]} there"
     differ = [layers] if ours != theirs else []
-    differ += [
-        f"model.{f.name} is {getattr(cfg.model, f.name)} in the config and {getattr(parent.model, f.name)} there"
-        for f in fields(ModelConfig)
-        if f.name not in FREE + DEPTHS and getattr(cfg.model, f.name) != getattr(parent.model, f.name)
-    ]
+    differ += [f"model.{n} is {a} in the config and {b} there" for n, a, b in shape_conflicts(cfg.model, parent.model)]
     differ += [
         f"tokenizer.{f.name} is {getattr(cfg.tokenizer, f.name)} in the config and {getattr(parent.tokenizer, f.name)} "
         "there"
