@@ -1,9 +1,11 @@
 """The Linear layers decoding swaps in compute what the nn.Linear they replace computes: Int8Linear within int8's
 rounding, its parts the whole's rows."""
 
+import pytest
 import torch
 from torch import nn
 
+from transformer.model import linears
 from transformer.model.linears import Int8Linear, LinearParts, output_rows, swap_linears
 from transformer.model.transformer import StackedLinear
 
@@ -28,22 +30,46 @@ def test_swap_linears_replaces_every_linear_in_place():
     assert not any(isinstance(m, nn.Linear) for m in net.modules())
 
 
-def test_an_int8_row_gives_the_same_numbers_alone_and_in_any_batch():
+@pytest.fixture(params=["fbgemm", "int_mm"])
+def engine(request, monkeypatch):
+    """Int8Linear through FBGEMM's fused operator (x86) and through torch._int_mm (where FBGEMM is absent)."""
+    if request.param == "fbgemm" and not linears.fbgemm():
+        pytest.skip("this torch has no FBGEMM")
+    if request.param == "int_mm":
+        monkeypatch.setattr(linears, "fbgemm", lambda: False)
+    return request.param
+
+
+def test_an_int8_row_gives_the_same_numbers_alone_and_in_any_batch(engine):
     """Each input row is quantized with its own scale: a row's output does not depend on its neighbours."""
     torch.manual_seed(0)
     q = Int8Linear(torch.randn(96, 64), torch.randn(96))
     rows = torch.randn(256, 64)
     rows[3] *= 100  # a loud neighbour, which would set a whole-batch scale
+    rows[5] = 0  # a row of zeros has no scale of its own
     alone = q(rows[:1])
     for n in (8, 64, 256):
         assert torch.equal(q(rows[:n])[:1], alone)
+    assert torch.equal(q(rows[5:6])[0], q.bias)
 
 
-def test_output_rows_give_the_whole_layers_numbers_for_those_rows():
+def test_fbgemm_and_int_mm_multiply_the_same_integers(monkeypatch):
+    if not linears.fbgemm():
+        pytest.skip("this torch has no FBGEMM")
+    torch.manual_seed(0)
+    weight, bias, x = torch.randn(96, 64), torch.randn(96), torch.randn(32, 64)
+    fused = Int8Linear(weight, bias)
+    monkeypatch.setattr(linears, "fbgemm", lambda: False)
+    plain = Int8Linear(weight, bias)
+    assert torch.equal(fused.weight_int8(), plain.weight_int8())
+    torch.testing.assert_close(fused(x), plain(x), rtol=1e-5, atol=1e-5)
+
+
+def test_output_rows_give_the_whole_layers_numbers_for_those_rows(engine):
     torch.manual_seed(0)
     linear, ids = nn.Linear(64, 50), torch.tensor([0, 7, 8, 49])
     x = torch.randn(3, 64)
     torch.testing.assert_close(output_rows(linear, ids)(x), linear(x)[:, ids], rtol=0, atol=1e-6)
     q = Int8Linear(linear.weight, linear.bias)
-    for rows in (x[:1], x):  # one row and several read the int8 weights in their two layouts
+    for rows in (x[:1], x):
         assert torch.equal(output_rows(q, ids)(rows), q(rows)[:, ids])

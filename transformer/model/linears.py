@@ -1,19 +1,32 @@
 """Linear layers that decoding swaps into the model for int8 (model.decoding_copy): each computes x W^T + b
 as the nn.Linear it replaces does, with W stored in int8.
 
-``Int8Linear``: int8 weights with one scale per output row, and each input row quantized with a scale of its own,
-multiplied in int8 with int32 sums (``torch._int_mm``) and returned in fp32 with the bias added. A scale over the
-whole call, as PyTorch's dynamic quantized linear takes it, would make a sentence's translation depend on the
-other sentences of its batch. (fp32 decodes through the model's own Linear layers: weights laid out for a step's
-few rows measured slower inside the model's one step, as bench/README.md records.)
+``Int8Linear``: int8 weights with one scale per output row, and each input row quantized with a scale of its own.
+A scale over the whole call, as PyTorch's dynamic quantized linear takes it, would make a sentence's translation
+depend on the other sentences of its batch. Each row is divided by its largest magnitude and then quantized at one
+fixed scale, which lets FBGEMM (x86) quantize, multiply and scale back in one operator on every x86 CPU, with or
+without AVX-512 VNNI; ``torch._int_mm`` multiplies the same integers where FBGEMM is absent. (fp32 decodes through
+the model's own Linear layers: weights laid out for a step's few rows measured slower inside the model's one step,
+as bench/README.md records.)
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
+
+# A row divided by its largest magnitude lies in [-1, 1] and is quantized as round(63 x) + 64, in [1, 127]: 7 bits,
+# as FBGEMM quantizes activations where AVX2 sums pairs of products in int16, so no sum saturates on any x86 CPU.
+_STEPS, _ZERO = 63, 64
+_FUSED = "linear_with_input_q_dq_qweight_dq_output_fp32"  # quantize x, multiply in int8, give fp32: one operator
+
+
+def fbgemm() -> bool:
+    """Whether this torch runs FBGEMM's quantized operators (x86 builds), which Int8Linear multiplies through."""
+    return torch.backends.quantized.engine in ("x86", "fbgemm") and hasattr(torch.ops.quantized, _FUSED)
 
 
 def swap_linears(module: nn.Module, make: Callable[[nn.Module, nn.Linear], nn.Module]) -> None:
@@ -38,25 +51,44 @@ class Int8Linear(nn.Module):
         self._hold(q, scale, torch.zeros(w.size(0)) if bias is None else bias.detach().float().clone())
 
     def _hold(self, q: Tensor, scale: Tensor, bias: Tensor) -> None:
-        """Keep int8 weights q [out, in], their rows' scales and the bias."""
+        """Keep int8 weights q [out, in] (packed for FBGEMM where it runs), their rows' scales and the bias."""
         self.out_features, self.in_features = q.shape
-        self.register_buffer("weight_t", q.t().contiguous())
         self.register_buffer("weight_scale", scale)
         self.register_buffer("bias", bias)
+        self._packed = None
+        if fbgemm():
+            zero = torch.zeros(len(scale), dtype=torch.long)
+            with warnings.catch_warnings():  # quantized tensors are how FBGEMM's operators take their weights
+                warnings.simplefilter("ignore", UserWarning)
+                w = torch._make_per_channel_quantized_tensor(q, scale.double(), zero, 0)
+                self._packed = torch.ops.quantized.linear_prepack(w, None)
+        else:
+            self.register_buffer("weight_t", q.t().contiguous())
+            self.register_buffer("out_scale", scale / _STEPS)
+
+    def weight_int8(self) -> Tensor:
+        """The int8 weights [out, in]."""
+        if self._packed is not None:
+            return torch.ops.quantized.linear_unpack(self._packed)[0].int_repr()
+        return self.weight_t.t()
 
     def rows(self, ids: Tensor) -> Int8Linear:
         """The layer of outputs ``ids`` alone: the same int8 rows and scales, so the same numbers for them."""
         part = Int8Linear.__new__(Int8Linear)
         nn.Module.__init__(part)
-        part._hold(self.weight_t.t()[ids], self.weight_scale[ids], self.bias[ids])
+        part._hold(self.weight_int8()[ids].contiguous(), self.weight_scale[ids], self.bias[ids])
         return part
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)
-        scale = rows.abs().amax(1, keepdim=True).mul_(1 / 127).clamp_min_(1e-30)  # [R, 1]: each row's own
-        q = torch.round(rows / scale).to(torch.int8)
-        out = torch._int_mm(q, self.weight_t).to(torch.float32)  # exact int32 sums
-        out = torch.addcmul(self.bias, out, scale * self.weight_scale)
+        peak = torch.linalg.vector_norm(rows, float("inf"), dim=1, keepdim=True).clamp_min_(1e-30)  # [R, 1]
+        unit = rows / peak
+        if self._packed is not None:
+            out = getattr(torch.ops.quantized, _FUSED)(unit, 1 / _STEPS, _ZERO, self._packed)
+            out = torch.addcmul(self.bias, out, peak)
+        else:
+            q = torch.round(unit * _STEPS).to(torch.int8)
+            out = torch.addcmul(self.bias, torch._int_mm(q, self.weight_t).to(torch.float32), peak * self.out_scale)
         return out.view(*x.shape[:-1], self.out_features)
 
 
