@@ -2,8 +2,8 @@
 
 Sections (all by default, or pick with --sections):
   train    training throughput, tfm vs a same-shape MarianMTModel (bench.train_speed), small and base
-           shapes, fp32 and bf16 autocast, MFU against matmul peaks measured in this run; each system in
-           a process of its own (--same-process: both in this one)
+           shapes, fp32 and bf16 autocast (where the CPU multiplies bf16 in hardware), MFU against matmul
+           peaks measured in this run; each system in a process of its own (--same-process: both in this one)
   decode   tfm vs transformers' generate vs CTranslate2 on tfm's weights (bench.decode_speed)
   int8     tfm's int8 decoding vs CTranslate2's int8 on the same grid, and tfm's test BLEU in fp32 and int8
   startup  wall-clock and CPU seconds of `tfm --help` and `tfm translate "..."` (bench.startup)
@@ -40,6 +40,7 @@ from bench.common import DEFAULT_DATA, ROOT, machine, shape_config
 from bench.summary import TARGETS, table
 from transformer import checkpoint
 from transformer.config import DataConfig
+from transformer.runtime.precision import cpu_multiplies_bf16
 from transformer.text.corpus import load_split
 from transformer.text.tokenizer import Tokenizer, train_tokenizer
 from transformer.training.mfu import matmul_peak
@@ -76,7 +77,7 @@ def run_train(args: argparse.Namespace, tok, peaks: dict[str, float]) -> list[di
         cfg = shape_config(shape, args.data)
         batches = train_speed.bench_batches(cfg, tok, 8, str(args.runs / ".cache"))
         rounds = (4 if args.quick else 16) if shape == "small" else (2 if args.quick else 8)
-        for precision in ("fp32", "bf16"):
+        for precision in ("fp32", "bf16") if cpu_multiplies_bf16() else ("fp32",):  # bf16 emulated: not a row
             dtype = torch.float32 if precision == "fp32" else torch.bfloat16
             peaks[precision] = max(peaks.get(precision, 0.0), matmul_peak(dtype))  # the best seen in the run
             out = train_speed.measure(cfg, tok, batches, precision, rounds, 2, apart=not args.same_process)
@@ -99,7 +100,7 @@ def run_train(args: argparse.Namespace, tok, peaks: dict[str, float]) -> list[di
     for r in rows:
         for name in ("tfm", "marian"):
             r[f"{name}_mfu"] = r[f"{name}_gflops"] / peaks[r["precision"]]
-    for shape in {r["shape"] for r in rows}:
+    for shape in {r["shape"] for r in rows if r["precision"] == "bf16"}:
         fp32, bf16 = (next(r for r in rows if r["shape"] == shape and r["precision"] == p) for p in ("fp32", "bf16"))
         bf16["bf16_vs_fp32"] = bf16["tfm_tgt_tok_s"] / fp32["tfm_tgt_tok_s"]
     return rows

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from transformer.errors import ConfigError
-from transformer.runtime.precision import autocast, check_precision, training_precision
+from transformer.runtime.precision import autocast, check_precision, cpu_multiplies_bf16, training_precision
 
 CPU = torch.device("cpu")
 
@@ -64,3 +64,10 @@ def test_auto_training_on_a_cpu_is_bf16_with_amx_else_what_was_measured(amx, mea
 def test_auto_is_fp32_on_a_torch_that_cannot_tell_amx(monkeypatch):
     monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported", raising=False)
     assert training_precision("auto", CPU) == "fp32"
+
+
+def test_a_cpu_multiplies_bf16_in_hardware_with_avx512_bf16_or_amx(monkeypatch):
+    for bf16, amx, want in ((False, False, False), (True, False, True), (False, True, True)):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda bf16=bf16: bf16, raising=False)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda amx=amx: amx, raising=False)
+        assert cpu_multiplies_bf16() is want

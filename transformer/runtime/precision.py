@@ -74,6 +74,13 @@ def cpu_has_amx() -> bool:
     return bool(supported and supported())
 
 
+def cpu_multiplies_bf16() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AVX-512 BF16 or AMX tiles); elsewhere torch emulates bf16 matmuls,
+    many times slower than fp32 (torch's own checks of the CPU flags, private ones)."""
+    checks = (getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+    return any(check and check() for check in checks)
+
+
 def by_rule(device: torch.device) -> str | None:
     """auto where a rule decides: a GPU by its tensor cores, fp32 off the CPU; None on a CPU."""
     if device.type == "cuda":
