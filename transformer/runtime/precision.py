@@ -77,8 +77,8 @@ def cpu_has_amx() -> bool:
 def cpu_multiplies_bf16() -> bool:
     """Whether this CPU multiplies bf16 in hardware (AVX-512 BF16 or AMX tiles); elsewhere torch emulates bf16 matmuls,
     many times slower than fp32 (torch's own checks of the CPU flags, private ones)."""
-    checks = (getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
-    return any(check and check() for check in checks)
+    supported = getattr(torch.cpu, "_is_avx512_bf16_supported", None)  # private; older torch builds lack it
+    return cpu_has_amx() or bool(supported and supported())
 
 
 def by_rule(device: torch.device) -> str | None:
