@@ -12,7 +12,8 @@ What each run and choice scored goes to ``<out>/gpu-multilingual.json`` after ea
 reports to ``<out>/runs.tgz``.
 
     python -m bench.gpu_multilingual --data data/multi30k --out $OUT          # on the GPU, about 9 minutes
-    python -m bench.gpu_multilingual --device cpu --quick --out /tmp/m        # checks it runs (CI)
+    python -m bench.gpu_multilingual --device cpu --quick --out /tmp/m        # checks it runs (pytest -m slow)
+    python -m bench.gpu_multilingual --parents six-wide-b16k --minutes 6 --out $OUT   # one parent, longer
 """
 
 from __future__ import annotations
@@ -201,11 +202,15 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--threads", type=int, default=1, help="OpenMP threads per process")
     p.add_argument("--runs", type=Path, default=ROOT / "runs" / "gpu_multilingual")
     p.add_argument("--out", type=Path, required=True, help="folder for gpu-multilingual.json and runs.tgz")
+    p.add_argument("--parents", help="'A,B,...': these of PARENTS only, and their fine-tunes (default: all)")
     p.add_argument("--quick", action="store_true", help="two parents, 4 updates each: checks that it runs")
     args = p.parse_args(argv)
+    chosen = args.parents.split(",") if args.parents else list(QUICK_PARENTS if args.quick else PARENTS)
+    if unknown := set(chosen) - set(PARENTS):
+        p.error(f"--parents: {', '.join(sorted(unknown))} not in {', '.join(PARENTS)}")
     args.out.mkdir(parents=True, exist_ok=True)
     args.runs.mkdir(parents=True, exist_ok=True)
-    parents = {n: s for n, s in PARENTS.items() if n in QUICK_PARENTS or not args.quick}
+    parents = {n: s for n, s in PARENTS.items() if n in chosen}
     gpu = torch.cuda.get_device_name() if args.device == "cuda" and torch.cuda.is_available() else None
     result: dict = {
         "date": date.today().isoformat(),

@@ -113,3 +113,9 @@ def test_parents_fine_tunes_and_choices_on_val(small_multi30k: Path, tmp_path: P
     with tarfile.open(out / "runs.tgz") as tar:
         names = tar.getnames()
     assert "six/log.jsonl" in names and any(n.startswith("eval/de-en-from-six.best/") for n in names)
+
+
+def test_parents_not_in_the_list_are_refused(tmp_path: Path):
+    with pytest.raises(SystemExit) as e:
+        main(["--parents", "six,seven", "--out", str(tmp_path)])
+    assert e.value.code == 2
