@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from transformer.model import linears
-from transformer.model.linears import Int8Linear, LinearParts, output_rows, swap_linears
+from transformer.model.linears import PACK_SENTENCES, Int8Linear, LinearParts, output_rows, swap_linears
 from transformer.model.transformer import StackedLinear
 
 
@@ -71,5 +71,8 @@ def test_output_rows_give_the_whole_layers_numbers_for_those_rows(engine):
     x = torch.randn(3, 64)
     torch.testing.assert_close(output_rows(linear, ids)(x), linear(x)[:, ids], rtol=0, atol=1e-6)
     q = Int8Linear(linear.weight, linear.bias)
-    for rows in (x[:1], x):
-        assert torch.equal(output_rows(q, ids)(rows), q(rows)[:, ids])
+    for sentences in (1, PACK_SENTENCES):  # a few sentences pick the whole layer's outputs, more pack their rows
+        part = output_rows(q, ids, sentences)
+        assert isinstance(part, Int8Linear) == (sentences >= PACK_SENTENCES)
+        for rows in (x[:1], x):
+            assert torch.equal(part(rows), q(rows)[:, ids])

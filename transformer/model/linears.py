@@ -22,6 +22,7 @@ from torch import Tensor, nn
 # as FBGEMM quantizes activations where AVX2 sums pairs of products in int16, so no sum saturates on any x86 CPU.
 _STEPS, _ZERO = 63, 64
 _FUSED = "linear_with_input_q_dq_qweight_dq_output_fp32"  # quantize x, multiply in int8, give fp32: one operator
+PACK_SENTENCES = 8  # a shortlist's int8 output layer is packed for batches of this many sentences or more
 
 
 def fbgemm() -> bool:
@@ -55,7 +56,7 @@ class Int8Linear(nn.Module):
         self.out_features, self.in_features = q.shape
         self.register_buffer("weight_scale", scale)
         self.register_buffer("bias", bias)
-        self._packed = None
+        self._packed, self._unpacked = None, None
         if fbgemm():
             zero = torch.zeros(len(scale), dtype=torch.long)
             with warnings.catch_warnings():  # quantized tensors are how FBGEMM's operators take their weights
@@ -67,10 +68,13 @@ class Int8Linear(nn.Module):
             self.register_buffer("out_scale", scale / _STEPS)
 
     def weight_int8(self) -> Tensor:
-        """The int8 weights [out, in]."""
-        if self._packed is not None:
-            return torch.ops.quantized.linear_unpack(self._packed)[0].int_repr()
-        return self.weight_t.t()
+        """The int8 weights [out, in]; unpacked from FBGEMM's layout once, then kept (a shortlist reads them per
+        batch)."""
+        if self._packed is None:
+            return self.weight_t.t()
+        if self._unpacked is None:
+            self._unpacked = torch.ops.quantized.linear_unpack(self._packed)[0].int_repr()
+        return self._unpacked
 
     def rows(self, ids: Tensor) -> Int8Linear:
         """The layer of outputs ``ids`` alone: the same int8 rows and scales, so the same numbers for them."""
@@ -106,11 +110,24 @@ class LinearParts(nn.Module):
         return self._forwards[rows.start, rows.stop](x)
 
 
-def output_rows(linear: nn.Module, ids: Tensor) -> nn.Module:
+class PickedOutputs(nn.Module):
+    """Outputs ``ids`` of ``layer``, computed by the whole layer and then picked."""
+
+    def __init__(self, layer: nn.Module, ids: Tensor) -> None:
+        super().__init__()
+        self.layer, self.ids = layer, ids
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.layer(x).index_select(-1, self.ids)
+
+
+def output_rows(linear: nn.Module, ids: Tensor, sentences: int = PACK_SENTENCES) -> nn.Module:
     """The layer computing outputs ``ids`` of ``linear`` (an nn.Linear in any dtype, or an Int8Linear) alone, from
-    the same weights: a lexical shortlist's output layer (decoding.shortlist)."""
+    the same weights: a lexical shortlist's output layer (decoding.shortlist), for a batch of ``sentences``. An int8
+    layer of those rows is packed anew for each batch, which costs more than the steps of fewer than PACK_SENTENCES
+    sentences save; those take the whole layer's outputs and pick the rows (the same numbers)."""
     if isinstance(linear, Int8Linear):
-        return linear.rows(ids)
+        return linear.rows(ids) if sentences >= PACK_SENTENCES else PickedOutputs(linear, ids)
     with torch.device("meta"):
         part = nn.Linear(linear.in_features, len(ids), bias=linear.bias is not None)
     part.weight = nn.Parameter(linear.weight.detach()[ids], requires_grad=False)

@@ -328,7 +328,7 @@ class Transformer(nn.Module):
         h, d_k = layers[0].self_attn.h, layers[0].self_attn.d_k
         state = DecoderState(torch.stack([kv for kv, _ in cross], 1), torch.stack([m for _, m in cross], 1), h, d_k)
         if vocab is not None:
-            state.vocab = (vocab, output_rows(self.generator, vocab))
+            state.vocab = (vocab, output_rows(self.generator, vocab, memory.size(0)))
         return state
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
