@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from bench.common import DEFAULT_DATA, ROOT, machine
-from bench.recipe_search import _log, _tfm, _wait
+from bench.recipe_search import _log, _tfm, _wait, average
 from transformer import checkpoint
 
 CONFIG = "multi30k-multilingual"
@@ -71,21 +71,6 @@ def _train(name: str, sets: list[str], minutes: float, runs: Path, args: argpars
     overrides += [*(QUICK if args.quick else GPU), *sets]
     command = ["train", "--config", CONFIG, "--data-dir", args.data, "--quiet", "--overwrite"]
     return _tfm(command + [a for s in overrides for a in ("--set", s)], runs / f"{name}.train.txt", args.threads)
-
-
-def _average(names: list[str], runs: Path, threads: int) -> None:
-    """The mean of each named run's last AVERAGE checkpoints, beside the run as ``<name>.avg3``."""
-    _wait(
-        {
-            n: _tfm(
-                ["average", str(runs / n), "--last", str(AVERAGE), "--output", str(runs / f"{n}.avg{AVERAGE}")]
-                + ["--overwrite"],
-                runs / f"{n}.avg{AVERAGE}.txt",
-                threads,
-            )
-            for n in names
-        }
-    )
 
 
 def _candidates(name: str, runs: Path) -> dict[str, Path]:
@@ -230,7 +215,7 @@ def main(argv: list[str] | None = None) -> dict:
         result["parents"][n] = {"set": sets, "exit_code": codes[n], **_trained(args.runs / n, codes[n])}
     save()
     trained = [n for n in parents if codes[n] == 0]
-    _average(trained, args.runs, args.threads)
+    average(args.runs, trained, [AVERAGE], args.threads)
     tunes = {
         f"{d}-from-{n}": [
             *(s for s in parents[n] if s.startswith("model.")),
@@ -252,7 +237,7 @@ def main(argv: list[str] | None = None) -> dict:
         result["fine_tunes"][n] = {"set": sets, "exit_code": codes[n], **_trained(args.runs / n, codes[n])}
     save()
     tuned = [n for n in tunes if codes[n] == 0]
-    _average(tuned, args.runs, args.threads)
+    average(args.runs, tuned, [AVERAGE], args.threads)
     _score_all([(n, False) for n in tuned], args.runs, args)
     for n in tuned:
         result["fine_tunes"][n] |= _chosen(n, args.runs, _directions(tunes[n]))

@@ -47,6 +47,22 @@ def _wait(procs: dict) -> dict:
     return {name: p.wait() for name, p in procs.items()}
 
 
+def average(runs: Path, names: list[str], averages: list[int], threads: int) -> dict[tuple[str, int], int]:
+    """The mean of each named run's last K checkpoints for every K of ``averages``, all at once, beside the runs as
+    ``<name>.avgK``; the exit code of each (name, K)."""
+    return _wait(
+        {
+            (n, k): _tfm(
+                ["average", str(runs / n), "--last", str(k), "--output", str(runs / f"{n}.avg{k}"), "--overwrite"],
+                runs / f"{n}.avg{k}.txt",
+                threads,
+            )
+            for n in names
+            for k in averages
+        }
+    )
+
+
 def _log(run: Path, reach: float | None) -> dict:
     """Updates, stop reason, time split, validation curve (by update and by second since the start), lowest
     validation nll of a run's log.jsonl, and the first second its greedy validation BLEU reached ``reach``."""
@@ -169,17 +185,7 @@ def search(
     }
     exit_codes = _wait(train)
     trained = [n for n in named if exit_codes[n] == 0]
-    averaged = _wait(
-        {
-            (n, k): _tfm(
-                ["average", str(runs / n), "--last", str(k), "--output", str(runs / f"{n}.avg{k}"), "--overwrite"],
-                runs / f"{n}.avg{k}.txt",
-                threads,
-            )
-            for n in trained
-            for k in averages
-        }
-    )
+    averaged = average(runs, trained, averages, threads)
     checkpoints = {(n, "best"): runs / n / "best" for n in trained}
     checkpoints |= {(n, f"avg{k}"): runs / f"{n}.avg{k}" for (n, k), code in averaged.items() if code == 0}
     val = _evaluate(
