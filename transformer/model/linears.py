@@ -88,7 +88,10 @@ class Int8Linear(nn.Module):
         peak = torch.linalg.vector_norm(rows, float("inf"), dim=1, keepdim=True).clamp_min_(1e-30)  # [R, 1]
         unit = rows / peak
         if self._packed is not None:
-            out = getattr(torch.ops.quantized, _FUSED)(unit, 1 / _STEPS, _ZERO, self._packed)
+            # torch.ops looks for __torch_function__ on every argument, and on FBGEMM's packed weights the lookup fails
+            # through a C++ exception, which costs more than a small layer's product; no tensor here overrides it.
+            with torch._C.DisableTorchFunctionSubclass():
+                out = getattr(torch.ops.quantized, _FUSED)(unit, 1 / _STEPS, _ZERO, self._packed)
             out = torch.addcmul(self.bias, out, peak)
         else:
             q = torch.round(unit * _STEPS).to(torch.int8)
