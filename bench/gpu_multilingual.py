@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from bench.common import DEFAULT_DATA, ROOT, machine
-from bench.recipe_search import _log, _tfm, _wait, average
+from bench.recipe_search import average, run_summary, tfm_process, wait_all
 from transformer import checkpoint
 
 CONFIG = "multi30k-multilingual"
@@ -70,7 +70,7 @@ def _train(name: str, sets: list[str], minutes: float, runs: Path, args: argpars
     overrides = [f"name={name}", f"run_dir={runs}", f"device={args.device}", f"train.max_minutes={minutes}"]
     overrides += [*(QUICK if args.quick else GPU), *sets]
     command = ["train", "--config", CONFIG, "--data-dir", args.data, "--quiet", "--overwrite"]
-    return _tfm(command + [a for s in overrides for a in ("--set", s)], runs / f"{name}.train.txt", args.threads)
+    return tfm_process(command + [a for s in overrides for a in ("--set", s)], runs / f"{name}.train.txt", args.threads)
 
 
 def _candidates(name: str, runs: Path) -> dict[str, Path]:
@@ -89,7 +89,7 @@ def _score(name: str, ck: str, path: Path, runs: Path, args: argparse.Namespace,
         command += [a for alpha in alphas for a in ("--alpha", str(alpha))]
         extra = [["--from", ZERO_SHOT[0], "--to", ZERO_SHOT[1]]] if zero_shot else []
         for i, more in enumerate([[], *extra]):
-            _tfm(command + more, runs / f"{name}.{ck}.{split}.{i}.txt", args.threads).wait()
+            tfm_process(command + more, runs / f"{name}.{ck}.{split}.{i}.txt", args.threads).wait()
 
 
 def _score_all(jobs: list[tuple[str, bool]], runs: Path, args: argparse.Namespace) -> None:
@@ -146,7 +146,7 @@ def _chosen(name: str, runs: Path, directions: list[str]) -> dict:
 
 def _trained(run: Path, code: int) -> dict:
     """A finished run's updates, minutes and validation curve (nothing for one that failed: its console says why)."""
-    return _log(run, None) if code == 0 else {}
+    return run_summary(run, None) if code == 0 else {}
 
 
 def _best_by_direction(result: dict) -> dict[str, dict]:
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> dict:
         (args.out / "gpu-multilingual.json").write_text(json.dumps(result, indent=1) + "\n")
         _pack(args.runs, args.out)
 
-    codes = _wait({n: _train(n, s, args.minutes, args.runs, args) for n, s in parents.items()})
+    codes = wait_all({n: _train(n, s, args.minutes, args.runs, args) for n, s in parents.items()})
     for n, sets in parents.items():
         result["parents"][n] = {"set": sets, "exit_code": codes[n], **_trained(args.runs / n, codes[n])}
     save()
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     with ThreadPoolExecutor(1) as scoring:
         parents_scored = scoring.submit(_score_all, [(n, SIX in parents[n]) for n in trained], args.runs, args)
-        codes = _wait({n: _train(n, s, args.fine_tune_minutes, args.runs, args) for n, s in tunes.items()})
+        codes = wait_all({n: _train(n, s, args.fine_tune_minutes, args.runs, args) for n, s in tunes.items()})
         parents_scored.result()
     for n in trained:
         result["parents"][n] |= _chosen(n, args.runs, _directions(parents[n]))

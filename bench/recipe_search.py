@@ -34,7 +34,7 @@ CHOSEN = "chosen"  # the checkpoint chosen on val, with its length penalty, besi
 ENSEMBLE = "ensemble"  # the name of the --ensemble runs decoding together
 
 
-def _tfm(args: list[str], log: Path, threads: int) -> subprocess.Popen:
+def tfm_process(args: list[str], log: Path, threads: int) -> subprocess.Popen:
     """``tfm <args>`` in a process of its own (output to ``log``), from the repository root."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
     with open(log, "w") as out:
@@ -43,16 +43,17 @@ def _tfm(args: list[str], log: Path, threads: int) -> subprocess.Popen:
         )
 
 
-def _wait(procs: dict) -> dict:
+def wait_all(procs: dict) -> dict:
+    """Wait for every process of ``procs`` (by name); each one's exit code, by the same name."""
     return {name: p.wait() for name, p in procs.items()}
 
 
 def average(runs: Path, names: list[str], averages: list[int], threads: int) -> dict[tuple[str, int], int]:
     """The mean of each named run's last K checkpoints for every K of ``averages``, all at once, beside the runs as
     ``<name>.avgK``; the exit code of each (name, K)."""
-    return _wait(
+    return wait_all(
         {
-            (n, k): _tfm(
+            (n, k): tfm_process(
                 ["average", str(runs / n), "--last", str(k), "--output", str(runs / f"{n}.avg{k}"), "--overwrite"],
                 runs / f"{n}.avg{k}.txt",
                 threads,
@@ -63,7 +64,7 @@ def average(runs: Path, names: list[str], averages: list[int], threads: int) -> 
     )
 
 
-def _log(run: Path, reach: float | None) -> dict:
+def run_summary(run: Path, reach: float | None) -> dict:
     """Updates, stop reason, time split, validation curve (by update and by second since the start), lowest
     validation nll of a run's log.jsonl, and the first second its greedy validation BLEU reached ``reach``."""
     entries = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines() if line.strip()]
@@ -114,10 +115,10 @@ def _evaluate(
         args = ["eval", *[a for path in paths for a in ("--checkpoint", str(path))], *which]
         args += ["--data-dir", data, "--device", device, "--overwrite"]
         args += [a for alpha in alphas for a in ("--alpha", str(alpha))]
-        procs[name] = _tfm(
+        procs[name] = tfm_process(
             [*args, "--output-dir", str(runs / "eval" / f"{name}.{split}")], runs / f"{name}.{split}.txt", threads
         )
-    _wait(procs)
+    wait_all(procs)
     return {name: _scores(runs / "eval" / f"{name}.{split}") for name in checkpoints}
 
 
@@ -167,7 +168,7 @@ def search(
     alphas, averages = alphas or [], averages or [3]
     runs.mkdir(parents=True, exist_ok=True)
     train = {
-        name: _tfm(
+        name: tfm_process(
             [
                 *("train", "--config", config, "--data-dir", data, "--quiet", "--overwrite"),
                 *[
@@ -183,7 +184,7 @@ def search(
         )
         for name, sets in named.items()
     }
-    exit_codes = _wait(train)
+    exit_codes = wait_all(train)
     trained = [n for n in named if exit_codes[n] == 0]
     averaged = average(runs, trained, averages, threads)
     checkpoints = {(n, "best"): runs / n / "best" for n in trained}
@@ -206,7 +207,7 @@ def search(
     for name, sets in named.items():
         entry = {"set": sets, "exit_code": exit_codes[name]}
         if name in trained:
-            entry |= _log(runs / name, reach)
+            entry |= run_summary(runs / name, reach)
             scored = {ck: val[f"{n}.{ck}"] for (n, ck) in checkpoints if n == name}
             entry["val"] = {ck: {str(alpha): s for alpha, s in by_alpha.items()} for ck, by_alpha in scored.items()}
             if chosen := _choose(scored):
