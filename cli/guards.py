@@ -16,7 +16,7 @@ import typer
 from cli.exits import fail
 from transformer.config import out_of_range
 from transformer.storage.files import cannot_write, check_apart
-from transformer.storage.manifest import is_own
+from transformer.storage.manifest import holder, is_own
 
 DECODING_PRECISIONS = "fp32|bf16|fp16|int8|auto (int8: CPU; auto: the fastest here, measured once)"
 
@@ -69,12 +69,14 @@ def _endless_device(path: Path) -> bool:
 
 
 def check_output(path: Path, overwrite: bool, inputs: Iterable[Path | None] = (), flag: str = "--output") -> None:
-    """A file tfm may write: not what the command reads (``files.check_apart``), not a directory, in a folder that
-    exists and is writable, and not an existing file unless ``overwrite`` (devices such as /dev/null are written as
-    they are)."""
+    """A file tfm may write: not what the command reads (``files.check_apart``), not a directory, not a file of a
+    folder tfm wrote (a run's log, another checkpoint's weights: ``--overwrite`` or not), in a folder that exists and
+    is writable, and not an existing file unless ``overwrite`` (devices such as /dev/null are written as they are)."""
     check_apart(path, inputs, flag)
     if path.is_dir():
         fail(f"{flag} '{path}' is a directory; give a file name")
+    if path.is_file() and (kind := holder(path)) is not None:
+        fail(f"{flag} '{path}' is a file of a {kind} folder tfm wrote, which needs it as it is; write elsewhere")
     if path.exists() and path.is_file() and not overwrite:
         fail(f"{flag} '{path}' exists; pass --overwrite to replace it, or choose another file")
     check_folder(path.parent, flag)

@@ -270,12 +270,14 @@ def plot(
 ) -> None:
     """Draw train/valid loss, learning rate and valid BLEU against steps from log.jsonl (needs matplotlib)."""
     with user_errors():
+        from transformer.plots import CURVES, plot_training
+
+        if output is not None and os.path.realpath(output) == os.path.realpath(run / CURVES):
+            output = None  # the default picture, named: replaced where tfm drew it, as without --output
         if output is not None:
             check_output(output, overwrite, (run / "log.jsonl",))
         else:  # <run>/training.png, replaced only where tfm drew it (plot_training checks)
-            check_apart(run / "training.png", (run / "log.jsonl",))
-        from transformer.plots import plot_training
-
+            check_apart(run / CURVES, (run / "log.jsonl",))
         path = plot_training(run, output)
     print(path)
 

@@ -297,6 +297,8 @@ def loads_nan_weights(args: list[str]) -> bool:
 @example(args=["export", "--checkpoint", "runs/tiny/best", "--output", "loop"], inside=set())
 @example(args=["export", "--checkpoint", "runs/tiny/best", "--output", "full/out_dir"], inside=set())
 @example(args=["translate", "--input", "in.de", "--output", "hard.de", "--overwrite"], inside=set())
+# a run's log as the output of a command that reads only its checkpoint, found by chance: replaced by a picture
+@example(args=["attention", "0", "--output", "runs/tiny/log.jsonl", "--overwrite"], inside=set())
 # in.de itself with --overwrite, found by chance: its links show the new text too, as the user asked
 @example(args=["translate", "--output", "in.de", "--overwrite"], inside=set())
 def test_any_command_line_ends_in_a_documented_exit_code_and_writes_only_its_outputs(

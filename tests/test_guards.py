@@ -183,12 +183,34 @@ def test_plot_never_replaces_the_log_it_draws(copied):
     assert log.read_bytes() == before
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["attention", "Ein Hund läuft.", "--checkpoint", "best", "--output", "log.jsonl"],
+        ["translate", "Ein Hund läuft.", "--checkpoint", "checkpoints/step_6", "--output", "best/model.safetensors"],
+        ["translate", "Ein Hund läuft.", "--checkpoint", "best", "--output", "checkpoints/step_6/meta.json"],
+    ],
+)
+def test_overwrite_never_replaces_a_file_of_a_folder_tfm_wrote(copied, args):
+    """Found by the command-line property test: `tfm attention ... --output runs/r/log.jsonl --overwrite` replaced
+    the run's log with a picture, though the command reads only the checkpoint."""
+    command, sentence, *options = args
+    args = [command, sentence, *(a if a.startswith("--") else copied / a for a in options)]
+    output = args[-1]
+    before = output.read_bytes()
+    refused(tfm(*args, "--overwrite"), "folder tfm wrote, which needs it as it is")
+    assert output.read_bytes() == before
+
+
 def test_plot_replaces_its_own_picture_only(copied):
     pytest.importorskip("matplotlib")
     assert tfm("plot", copied).exit_code == 0 and tfm("plot", copied).exit_code == 0  # its own: drawn again
     (copied / "training.png").write_bytes(b"my own picture")
     refused(tfm("plot", copied), "was not drawn by tfm")
     assert (copied / "training.png").read_bytes() == b"my own picture"
+    (copied / "training.png").unlink()
+    assert tfm("plot", copied).exit_code == 0  # named, its own picture is drawn again as without --output
+    assert tfm("plot", copied, "--output", copied / "training.png", "--overwrite").exit_code == 0
 
 
 def test_the_standard_input_is_never_an_output(tiny_checkpoint, tmp_path):

@@ -121,6 +121,14 @@ def is_own(path: Path) -> bool:
     return manifest is not None and _matches(path, manifest["files"].get(path.name))
 
 
+def holder(path: Path) -> str | None:
+    """The kind of the folder tfm wrote whose record names the file ``path`` (a run's log, a checkpoint's weights),
+    links followed, or None: such a file is part of that folder, which needs it as it is."""
+    real = Path(os.path.realpath(path))
+    manifest = read(real.parent)
+    return manifest["kind"] if manifest is not None and real.name in manifest["files"] else None
+
+
 def first_foreign(folder: Path) -> Path | None:
     """The first entry under ``folder`` (in name order, at any depth) that tfm did not write, or None: a folder
     without a manifest is the user's in all it holds (an empty one holds nothing to lose)."""
