@@ -8,6 +8,7 @@ taken from the repository root, and is made absolute so the library finds it fro
 
 from __future__ import annotations
 
+import gzip
 import os
 from pathlib import Path
 
@@ -62,6 +63,19 @@ def tatoeba() -> Path:
     if not path.is_file():
         pytest.skip(f"Tatoeba cmn-eng not found at {path}; set TFM_TATOEBA to its folder")
     return path
+
+
+@pytest.fixture(scope="session")
+def small_multi30k(multi30k_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Multi30k's first 48 lines of every split and language: enough for a bench to train and score, in seconds
+    (TFM_MULTI30K outranks --data-dir: a test that gives this folder to tfm unsets it). Read only."""
+    folder = tmp_path_factory.mktemp("multi30k")
+    for path in multi30k_dir.glob("*.gz"):
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            lines = [next(f) for _ in range(48)]
+        with gzip.open(folder / path.name, "wt", encoding="utf-8") as f:
+            f.writelines(lines)
+    return folder
 
 
 @pytest.fixture(scope="session")

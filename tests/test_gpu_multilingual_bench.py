@@ -1,6 +1,5 @@
 """bench.gpu_multilingual: every parent and fine-tune is a config tfm accepts, and both stages run on the CPU."""
 
-import gzip
 import json
 import tarfile
 from pathlib import Path
@@ -63,19 +62,6 @@ def test_the_checkpoint_is_chosen_on_mean_val_bleu_and_test_is_read_where_val_ch
 def test_a_checkpoint_missing_a_direction_on_val_is_not_chosen():
     scored = {"best": _scored({"de-en": {1.0: 30.0}}, {"de-en": {1.0: 30.0}})}
     assert "chosen_on_val" not in _choose(scored, ("val", "test"), ["de-en", "en-de"])
-
-
-@pytest.fixture
-def small_multi30k(multi30k_dir: Path, tmp_path: Path) -> Path:
-    """Multi30k's first 48 lines of every split and language: enough to train and score, in seconds."""
-    folder = tmp_path / "multi30k"
-    folder.mkdir()
-    for path in multi30k_dir.glob("*.gz"):
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            lines = [next(f) for _ in range(48)]
-        with gzip.open(folder / path.name, "wt", encoding="utf-8") as f:
-            f.writelines(lines)
-    return folder
 
 
 @pytest.mark.slow

@@ -15,11 +15,14 @@ def test_every_variant_is_a_config_tfm_accepts(direction: str):
         assert cfg.train.max_steps == 20000, name
 
 
-def test_both_directions_search_train_score_on_val_and_test_the_chosen(multi30k_dir: Path, tmp_path: Path):
+def test_both_directions_search_train_score_on_val_and_test_the_chosen(
+    small_multi30k: Path, tmp_path: Path, monkeypatch
+):
     """--quick: every step of round two on the CPU, the length-penalty grid, the averages of 3 and 5 and the ensemble
     of the recipe's seeds included."""
+    monkeypatch.delenv("TFM_MULTI30K")  # it outranks --data-dir, and the runs read the small copy
     out = tmp_path / "out"
-    args = ["--data", str(multi30k_dir), "--device", "cpu", "--quick", "--runs", str(tmp_path / "runs")]
+    args = ["--data", str(small_multi30k), "--device", "cpu", "--quick", "--runs", str(tmp_path / "runs")]
     results = main([*args, "--out", str(out), "--minutes", "2"])
     assert sorted(p.name for p in out.glob("*.json")) == sorted(f"{d}.json" for d in DIRECTIONS)
     for direction, result in results.items():
