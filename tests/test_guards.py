@@ -189,6 +189,7 @@ def test_plot_never_replaces_the_log_it_draws(copied):
         ["attention", "Ein Hund läuft.", "--checkpoint", "best", "--output", "log.jsonl"],
         ["translate", "Ein Hund läuft.", "--checkpoint", "checkpoints/step_6", "--output", "best/model.safetensors"],
         ["translate", "Ein Hund läuft.", "--checkpoint", "best", "--output", "checkpoints/step_6/meta.json"],
+        ["translate", "Ein Hund läuft.", "--checkpoint", "best", "--output", ".tfm-files"],  # the record itself
     ],
 )
 def test_overwrite_never_replaces_a_file_of_a_folder_tfm_wrote(copied, args):
