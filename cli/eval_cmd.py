@@ -13,6 +13,7 @@ from cli.decode_flags import flag
 from cli.exits import fail
 from cli.guards import check_folder, check_input, check_reports
 from transformer.errors import WriteError
+from transformer.storage import manifest
 from transformer.storage.files import write_files
 from transformer.text.directions import direction_data
 
@@ -118,6 +119,11 @@ def run_eval(
         return
     if output_dir is not None:
         check_folder(output_dir if output_dir.exists() else output_dir.parent, "--output-dir")
+        if (kind := manifest.kind(output_dir)) not in (None, ckpt.EVAL):
+            fail(
+                f"--output-dir '{output_dir}' is a {kind} folder tfm wrote, not a folder of reports; leave "
+                "--output-dir out (a checkpoint's reports go in its eval/) or name another folder"
+            )
     from transformer.decoding.translator import Translator
     from transformer.text.corpus import load_split
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from cli.exits import fail
 from cli.guards import check_output, check_stdout, read_pairs
+from transformer.storage.files import atomic_file
 
 if TYPE_CHECKING:
     from transformer.decoding.forced import Scored
@@ -60,4 +61,5 @@ def run_score(
     if output is None:
         sys.stdout.write(text)
     else:
-        output.write_text(text, encoding="utf-8")
+        with atomic_file(output) as f:
+            f.write(text)

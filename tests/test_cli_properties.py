@@ -61,6 +61,7 @@ NUMBERS = ["-1", "0", "1", "2", "5", "100000", "x"]
 ALPHAS = ["0", "0.6", "-1", "nan", "inf", "x"]
 DEVICES = ["cpu", "CPU", "gpu", "cuda", "cuda:7", "meta", "auto", ""]
 PRECISIONS = ["fp32", "bf16", "fp16", "fp8", ""]
+LANGUAGES = ["en", "de", "fr", "EN", ">>en<<", ""]
 DEVICES_NAMED = [p for p in PATHS if p.startswith("/dev/")]  # never to be replaced, whatever the command
 USERS = ["exists.en", "folder/mine.txt", "runs/thesis/ch1.tex"]  # the user's own files: never changed or deleted
 # Files of the user's inside folders tfm wrote, at every depth: some are drawn into each workspace.
@@ -112,6 +113,38 @@ def command() -> st.SearchStrategy[list[str]]:
         option("--alpha", st.sampled_from(ALPHAS)),
         st.sampled_from([[], ["--greedy"], ["--overwrite"]]),
         *common,
+        option("--to", st.sampled_from(LANGUAGES)),
+        option("--prefix", sentences),
+        option("--prefix-file", path),
+        option("--shortlist", path),
+        st.sampled_from([[], ["--sample"], ["--align"], ["--sample", "--align"]]),
+        option("--seed", st.sampled_from(NUMBERS)),
+        option("--top-k", st.sampled_from(NUMBERS)),
+        option("--top-p", st.sampled_from(ALPHAS)),
+    )
+    score = st.tuples(
+        st.just(["score"]),
+        st.sampled_from([p for p in PATHS if p != "/dev/stdin"] + ["in.de"] * 8).map(lambda p: ["--src", p]),
+        st.sampled_from([p for p in PATHS if p != "/dev/stdin"] + ["hard.de"] * 8).map(lambda p: ["--tgt", p]),
+        option("--output", out),
+        option("--format", st.sampled_from(["tsv", "jsonl", "x"])),
+        option("--alpha", st.sampled_from(ALPHAS)),
+        option("--to", st.sampled_from(LANGUAGES)),
+        st.sampled_from([[], ["--tokens"], ["--overwrite"]]),
+        *common,
+    )
+    shortlist = st.tuples(
+        st.just(["shortlist"]),
+        st.sampled_from(["runs/tiny/best", "runs/tiny/best", "missing", "in.de", NAN]).map(
+            lambda p: ["--checkpoint", p]
+        ),
+        st.sampled_from(PATHS).map(lambda p: ["--output", p]),
+        option("--src", path),
+        option("--tgt", path),
+        option("--per-token", st.sampled_from(NUMBERS)),
+        option("--max-pairs", st.sampled_from(NUMBERS)),
+        option("--data-dir", path),
+        st.sampled_from([[], ["--overwrite"]]),
     )
     eval_ = st.tuples(
         st.just(["eval"]),
@@ -183,7 +216,8 @@ def command() -> st.SearchStrategy[list[str]]:
         settings_.map(lambda sets: [a for v in sets for a in ("--set", v)]),
         st.sampled_from([[], ["--resume"], ["--overwrite"], ["--resume", "--overwrite"]]),
     )
-    return st.one_of(translate, eval_, average, attention, export, plot, train).map(lambda parts: sum(parts, []))
+    commands = (translate, eval_, average, attention, export, plot, train, score, shortlist)
+    return st.one_of(*commands).map(lambda parts: sum(parts, []))
 
 
 def snapshot(root: Path) -> dict[str, str]:
@@ -222,7 +256,9 @@ def allowed(args: list[str]) -> list[str]:
 def reads(args: list[str]) -> list[str]:
     """What the command reads that it must leave as it was, whatever its output (train may replace a run)."""
     named = _named(args)
-    sources = [named[k] for k in ("--input", "--src", "--ref", "--hyp") if k in named]
+    sources = [
+        named[k] for k in ("--input", "--src", "--tgt", "--ref", "--hyp", "--prefix-file", "--shortlist") if k in named
+    ]
     read = ["in.de"] if any(os.path.normpath(s) in ("in.de", "link.de", "hard.de") for s in sources) else []
     return read + (READ[1:] if args[0] != "train" else [])
 
@@ -263,7 +299,7 @@ def loads_nan_weights(args: list[str]) -> bool:
     named = _named(args)
     return (
         named.get("--checkpoint") == NAN
-        and args[0] in ("translate", "eval", "attention", "export")
+        and args[0] in ("translate", "eval", "attention", "export", "score")
         and ("--hyp" not in named)
     )
 
@@ -299,6 +335,8 @@ def loads_nan_weights(args: list[str]) -> bool:
 @example(args=["translate", "--input", "in.de", "--output", "hard.de", "--overwrite"], inside=set())
 # a run's log as the output of a command that reads only its checkpoint, found by chance: replaced by a picture
 @example(args=["attention", "0", "--output", "runs/tiny/log.jsonl", "--overwrite"], inside=set())
+# the checkpoint it evaluates as eval's --output-dir, found by chance: the reports went into it
+@example(args=["eval", "--output-dir", "runs/tiny/best"], inside=set())
 # in.de itself with --overwrite, found by chance: its links show the new text too, as the user asked
 @example(args=["translate", "--output", "in.de", "--overwrite"], inside=set())
 def test_any_command_line_ends_in_a_documented_exit_code_and_writes_only_its_outputs(

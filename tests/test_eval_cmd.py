@@ -145,3 +145,14 @@ def test_the_int8_alpha_grid_is_each_alpha_evaluated_alone(tiny_run, tmp_path):
         assert CliRunner().invoke(app, [*args, "--alpha", alpha, "--output-dir", str(alone)]).exit_code == 0
         stem = f"src.de.beam3.alpha{alpha}"
         assert (grid / f"{stem}.hyp").read_text() == (alone / f"{stem}.hyp").read_text()
+
+
+def test_output_dir_a_folder_tfm_wrote_of_another_kind_is_refused_and_left_as_it_was(tiny_run):
+    """Found by the command-line property test: `tfm eval --output-dir runs/tiny/best` wrote its reports into the
+    checkpoint it evaluated and rewrote that checkpoint's record."""
+    best = tiny_run.run_dir / "best"
+    for folder, kind in ((best, "checkpoint"), (tiny_run.run_dir, "run")):
+        before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+        r = CliRunner().invoke(app, ["eval", "--checkpoint", str(best), "--output-dir", str(folder), "--device", "cpu"])
+        assert r.exit_code == 2 and f"is a {kind} folder tfm wrote, not a folder of reports" in one_error_line(r.stderr)
+        assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before

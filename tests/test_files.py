@@ -169,6 +169,27 @@ def test_a_write_failing_without_a_name_names_the_file_and_leaves_nothing(tmp_pa
             raise ConnectionError("reset")
 
 
+@pytest.mark.parametrize("spelling", ["pipe", "link to a pipe"])
+def test_a_pipe_or_device_is_written_as_it_is_never_replaced(tmp_path, spelling):
+    """Found by the command-line property test: `tfm shortlist --output /dev/null --overwrite` renamed a file over
+    /dev/null. A named pipe stands in for the device here: both are files that no rename may replace."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    target = fifo if spelling == "pipe" else tmp_path / "link"
+    if target != fifo:
+        target.symlink_to(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # open before the writer, so that neither waits
+    try:
+        with atomic_file(target, "wb") as f:
+            f.write(b"shortlist")
+        assert os.read(reader, 100) == b"shortlist"
+    finally:
+        os.close(reader)
+    assert stat.S_ISFIFO(fifo.stat().st_mode) and sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        {"fifo", target.name}
+    )
+
+
 def test_files_follow_the_umask(tmp_path):
     old = os.umask(0o022)
     try:

@@ -44,11 +44,8 @@ def _save(fig: Figure, output: Path) -> Path:
     """Write the PNG: a file aside first, then renamed into place (a device such as /dev/null as it is); a failed
     write (a full disk, /dev/full) is one line naming the output."""
     try:
-        if output.exists() and not output.is_file():
-            fig.savefig(output, format="png", dpi=DPI)
-        else:
-            with atomic_file(output, "wb") as f:
-                fig.savefig(f, format="png", dpi=DPI)
+        with atomic_file(output, "wb") as f:
+            fig.savefig(f, format="png", dpi=DPI)
     except OSError as e:
         raise cannot_write(output, e) from None
     return output

@@ -72,8 +72,13 @@ def temporary_name(path: Path) -> Path:
 @contextlib.contextmanager
 def atomic_file(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
     """A temporary file beside ``path``, renamed onto it when the block ends without error (a link's target is
-    written, and the link kept); a write failing without naming a file (a full disk) names ``path``."""
+    written, and the link kept; a device or a pipe such as /dev/null is written as it is, never replaced); a write
+    failing without naming a file (a full disk) names ``path``."""
     path = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
+    if path.exists() and not path.is_file():
+        with naming(path), open(path, mode, encoding=None if "b" in mode else "utf-8") as f:
+            yield f
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_name(path)
     try:
