@@ -122,8 +122,8 @@ def is_own(path: Path) -> bool:
 
 
 def holder(path: Path) -> str | None:
-    """The kind of the folder tfm wrote whose record names the file ``path`` (a run's log, a checkpoint's weights)
-    or is ``path``, links followed, or None: such a file is part of that folder, which needs it as it is."""
+    """The kind of the folder tfm wrote that the file ``path`` belongs to (a run's log, a checkpoint's weights, the
+    record itself), links followed, or None: that folder needs the file as it is."""
     real = Path(os.path.realpath(path))
     manifest = read(real.parent)
     return manifest["kind"] if manifest is not None and real.name in (*manifest["files"], MANIFEST) else None
