@@ -204,6 +204,9 @@ def command() -> st.SearchStrategy[list[str]]:
                 "device=gpu",
                 "precision=fp8",
                 "model.h=3",
+                "data.directions=[de-en, en-de]",
+                "data.directions=[de-en, de-en]",
+                "data.synthetic=folder",
             ]
         ),
         max_size=2,
@@ -215,6 +218,9 @@ def command() -> st.SearchStrategy[list[str]]:
         ),
         settings_.map(lambda sets: [a for v in sets for a in ("--set", v)]),
         st.sampled_from([[], ["--resume"], ["--overwrite"], ["--resume", "--overwrite"]]),
+        option(
+            "--init", st.sampled_from(["runs/tiny/best", "runs/tiny", "runs/tiny/checkpoints", NAN, "missing", "in.de"])
+        ),
     )
     commands = (translate, eval_, average, attention, export, plot, train, score, shortlist)
     return st.one_of(*commands).map(lambda parts: sum(parts, []))
@@ -295,9 +301,10 @@ def workspace(run: Path, inside: set[str]) -> tuple[Path, bool]:
 
 
 def loads_nan_weights(args: list[str]) -> bool:
-    """Whether the command reads the NaN checkpoint's weights (eval --hyp scores a file and reads only the config)."""
+    """Whether the command reads the NaN checkpoint's weights (eval --hyp scores a file and reads only the config;
+    train --init starts from them)."""
     named = _named(args)
-    return (
+    return (args[0] == "train" and named.get("--init") == NAN) or (
         named.get("--checkpoint") == NAN
         and args[0] in ("translate", "eval", "attention", "export", "score")
         and ("--hyp" not in named)
