@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 
 from cli.exits import fail, user_errors
-from cli.guards import DECODING_PRECISIONS
+from cli.guards import DECODING_PRECISIONS, check_data_dir
 
 if TYPE_CHECKING:
     from transformer.config import Config
@@ -44,6 +44,7 @@ def distill(
         overrides = list(set_) + ([f"data.path={data_dir}"] if data_dir else [])
         overrides += [f"distill.teachers={json.dumps(teacher)}"] if teacher else []  # JSON is YAML: any path
         cfg = load(config, overrides)
+        check_data_dir(data_dir, cfg.data.format)
         if resume and overwrite:
             fail("--resume continues the student and --overwrite starts it again; give one of them")
         options = TranslateOptions(device, precision, beam=cfg.distill.beam, alpha=cfg.distill.alpha, nbest=1)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from cli.decode_flags import flag
 from cli.exits import fail
-from cli.guards import check_folder, check_input, check_reports
+from cli.guards import check_data_dir, check_folder, check_input, check_reports
 from transformer.errors import WriteError
 from transformer.storage import manifest
 from transformer.storage.files import write_files
@@ -138,6 +138,7 @@ def run_eval(
             fail(f"{src} has {len(sources)} lines but {ref} has {len(references)}; give one reference per source line")
         tasks.append((translator.to(options.get("to")), sources, references, src.name))  # a model of several needs --to
     else:
+        check_data_dir(data_dir, translator.cfg.data.format)
         data = dataclasses.replace(translator.cfg.data, path=data_dir) if data_dir else translator.cfg.data
         name = split or data.test_split
         for source, target in _directions(data.pairs(), from_, options.get("to")):

@@ -99,6 +99,17 @@ def check_reports(reports: list[Path], overwrite: bool, inputs: Iterable[Path | 
             )
 
 
+def check_data_dir(data_dir: str | None, data_format: str) -> None:
+    """``--data-dir`` where Multi30k is read from TFM_MULTI30K, which outranks it (text/multi30k.py): refused when
+    the two name different folders, so that the corpus read is the one the command line names."""
+    env = os.environ.get("TFM_MULTI30K")
+    if data_dir and env and data_format == "multi30k" and os.path.realpath(data_dir) != os.path.realpath(env):
+        fail(
+            f"--data-dir {data_dir} and TFM_MULTI30K={env} name different Multi30k folders, and TFM_MULTI30K is the "
+            "one read; unset TFM_MULTI30K, or leave --data-dir out"
+        )
+
+
 def check_folder(folder: Path, flag: str) -> None:
     """A folder that exists and that this process may write into."""
     folder = folder if str(folder) else Path(".")

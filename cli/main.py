@@ -18,7 +18,7 @@ from cli import decode_flags
 from cli.decode_flags import option
 from cli.distill_cmd import distill
 from cli.exits import OneLineErrors, fail, user_errors
-from cli.guards import DECODING_PRECISIONS, check_creatable, check_output, count
+from cli.guards import DECODING_PRECISIONS, check_creatable, check_data_dir, check_output, count
 from transformer.runtime.process import configure_before_torch
 from transformer.storage.files import check_apart
 
@@ -62,6 +62,7 @@ def train(
         overrides = list(set_) + ([f"data.path={data_dir}"] if data_dir else [])
         overrides += [f"train.init={init}"] if init is not None else []
         cfg = load(config, overrides)  # a config error stops here, once, before any process starts
+        check_data_dir(data_dir, cfg.data.format)
         if resume and overwrite:
             fail("--resume continues the run and --overwrite deletes it; give one of them")
         if resume and init is not None:

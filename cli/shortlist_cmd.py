@@ -9,7 +9,7 @@ from itertools import islice
 from pathlib import Path
 
 from cli.exits import fail
-from cli.guards import check_output, read_pairs
+from cli.guards import check_data_dir, check_output, read_pairs
 
 
 def run_shortlist(
@@ -40,6 +40,7 @@ def run_shortlist(
     if given is not None:  # as the training data was read: lowercased for a model trained on lowercased text
         texts = [(s.lower(), t.lower()) if cfg.data.lowercase else (s, t) for s, t in islice(zip(*given), max_pairs)]
     else:  # load_split lowercases as the config says
+        check_data_dir(data_dir, cfg.data.format)
         data = dataclasses.replace(cfg.data, path=data_dir) if data_dir else cfg.data
         texts = []
         for s, t in data.pairs():

@@ -11,6 +11,7 @@ from tiny import ROOT, SAMPLE
 from typer.testing import CliRunner
 
 from cli import eval_cmd
+from cli.guards import check_data_dir
 from cli.main import app
 from transformer.config_file import load
 from transformer.errors import ConfigError
@@ -256,3 +257,18 @@ def test_eval_never_writes_a_report_onto_what_it_reads_nor_replaces_a_users_file
     report.unlink()
     assert tfm(*args, "--src", SAMPLE / "valid.de", "--ref", SAMPLE / "valid.en").exit_code == 0
     assert tfm(*args, "--src", SAMPLE / "valid.de", "--ref", SAMPLE / "valid.en", "--overwrite").exit_code == 0
+
+
+def test_data_dir_naming_another_folder_than_tfm_multi30k_is_refused(tmp_path, monkeypatch):
+    """TFM_MULTI30K outranks --data-dir for Multi30k: a --data-dir naming another folder would be read silently
+    from the variable's, so it is refused before anything is written."""
+    elsewhere = tmp_path / "m30k"
+    elsewhere.mkdir()
+    runs = tmp_path / "runs"
+    args = ["train", "--config", "multi30k-de-en", "--data-dir", str(elsewhere), "--set", f"run_dir={runs}"]
+    refused(tfm(*args), "name different Multi30k folders, and TFM_MULTI30K is the one read")
+    assert not runs.exists()
+    check_data_dir(os.environ["TFM_MULTI30K"] + "/.", "multi30k")  # the same folder, spelt otherwise: no conflict
+    check_data_dir(str(elsewhere), "text")  # TFM_MULTI30K is Multi30k's alone
+    monkeypatch.delenv("TFM_MULTI30K")
+    check_data_dir(str(elsewhere), "multi30k")
