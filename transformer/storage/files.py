@@ -75,14 +75,15 @@ def atomic_file(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
     written, and the link kept; a device or a pipe such as /dev/null is written as it is, never replaced); a write
     failing without naming a file (a full disk) names ``path``."""
     path = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
+    encoding = None if "b" in mode else "utf-8"
     if path.exists() and not path.is_file():
-        with naming(path), open(path, mode, encoding=None if "b" in mode else "utf-8") as f:
+        with naming(path), open(path, mode, encoding=encoding) as f:
             yield f
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_name(path)
     try:
-        with naming(path), open(tmp, mode, encoding=None if "b" in mode else "utf-8") as f:
+        with naming(path), open(tmp, mode, encoding=encoding) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
