@@ -11,7 +11,7 @@ from tiny import SAMPLE, tiny_config
 
 from transformer.checkpoint import Loaded
 from transformer.decoding.ensemble import Ensemble
-from transformer.decoding.search import beam_search, greedy_search
+from transformer.decoding.search import Sample, beam_search, greedy_search, sample
 from transformer.decoding.shortlist import Shortlist, Shortlisted
 from transformer.decoding.translator import TranslateOptions, Translator
 from transformer.errors import ConfigError, DataError
@@ -56,6 +56,48 @@ def test_a_shortlist_of_every_token_decodes_as_the_whole_vocabulary(tok: Tokeniz
         for search in (greedy_search, beam_search):
             full = search(model, src, tok.start_id, tok.end_id)
             assert search(restricted, src, tok.start_id, tok.end_id) == full
+
+
+class _Masked(torch.nn.Module):
+    """The whole vocabulary's steps with every token outside ``vocab`` at -inf: what scoring a shortlist means,
+    written apart from the shortlisted steps' own logits over ``vocab`` alone."""
+
+    def __init__(self, model: torch.nn.Module, vocab: torch.Tensor) -> None:
+        super().__init__()
+        self.model, self.pad_id, self.training = model, model.pad_id, model.training
+        self.encode, self.start_state = model.encode, model.start_state
+        self.outside = torch.ones(model.generator.out_features, dtype=torch.bool).index_fill_(0, vocab, False)
+
+    def decode_step(self, tokens: torch.Tensor, state) -> torch.Tensor:
+        return self.model.decode_step(tokens, state).masked_fill(self.outside, float("-inf"))
+
+
+def test_shortlisted_steps_choose_as_the_whole_vocabulary_with_the_rest_at_minus_inf(tok: Tokenizer, loaded: Loaded):
+    src = torch.tensor([tok.encode(line)[:4] for line in LINES])
+    prefix = tok.encode("Ein Hund")[:2]
+    vocab = torch.tensor(sorted({*range(0, tok.vocab_size, 3), tok.end_id, tok.pad_id, tok.start_id, *prefix}))
+    model = decoding_model(loaded.model, "fp32", torch.device("cpu"))
+    shortlisted, masked = Shortlisted(model, vocab), _Masked(model, vocab)
+    for prefixes in (None, [prefix, [], prefix[:1]]):
+        for search in (greedy_search, _beam, _drawn):
+            got = _flat(search(shortlisted, src, tok.start_id, tok.end_id, prefixes=prefixes))
+            want = _flat(search(masked, src, tok.start_id, tok.end_id, prefixes=prefixes))
+            assert [h.tokens for h in got] == [h.tokens for h in want]
+            assert [h.score for h in got] == pytest.approx([h.score for h in want], abs=1e-5)
+            assert all(set(h.tokens) <= set(vocab.tolist()) for h in got)
+
+
+def _beam(*args, **kwargs) -> list:
+    return beam_search(*args, beam=3, nbest=2, **kwargs)
+
+
+def _drawn(*args, **kwargs) -> list:
+    return sample(*args, Sample([torch.Generator().manual_seed(i) for i in range(3)]), **kwargs)
+
+
+def _flat(found: list) -> list:
+    """A search's hypotheses in one list: each sentence's one (greedy, sampling) or n-best (beam)."""
+    return [h for hyps in found for h in (hyps if isinstance(hyps, list) else [hyps])]
 
 
 def test_decoding_chooses_among_the_batch_tokens_alone(tok: Tokenizer, loaded: Loaded, tmp_path: Path) -> None:

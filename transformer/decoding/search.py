@@ -3,9 +3,12 @@ sentences and their rows.
 
 Knows nothing of files, tokenizers or the CLI: token ids in, hypotheses out. The model needs ``pad_id``, ``encode``,
 ``start_state(memory, src_keep)`` (one row per sentence) and ``decode_step``, as
-transformer.model.transformer.Transformer has, and its state needs ``select(rows, sentences)``. Each sentence may
-produce at most max_len = a * src_len + b tokens before <END>, which is forced after them. <PAD> and <START> are never
-generated; a forced prefix (a sentence's first tokens, given) is generated first.
+transformer.model.transformer.Transformer has, and its state needs ``select(rows, sentences)``. A model with a
+``vocab`` (ascending target ids holding <END>, the specials and any prefix's tokens: a lexical shortlist's,
+decoding.shortlist.Shortlisted) scores those alone: its steps' logits are over them, the choices are made over them,
+and each pick is mapped back to its id. Each sentence may produce at most max_len = a * src_len + b tokens before
+<END>, which is forced after them. <PAD> and <START> are never generated; a forced prefix (a sentence's first tokens,
+given) is generated first.
 
 The loop (``_decode``), as fairseq's generator: score the next token of every live row (``_Scorer``: the model's
 log-probabilities under those rules), let the choice name each row's m candidates (``Beam``: its m best; ``Sample``:
@@ -173,16 +176,28 @@ class _Scorer:
         prefixes: Sequence[Sequence[int]] | None,
     ):
         self.model, self.end_id = model, end_id
-        self.banned = host.to_device([model.pad_id, start_id], torch.long, src.device)
-        (max_lens,) = host.to_host(max_output_lengths((src != model.pad_id).sum(1), max_len_a, max_len_b))
+        self.vocab: Tensor | None = getattr(model, "vocab", None)  # the ids its steps score, or the whole vocabulary
+        lengths = max_output_lengths((src != model.pad_id).sum(1), max_len_a, max_len_b)
+        max_lens, *listed = host.to_host(lengths, *([] if self.vocab is None else [self.vocab]))
         self.max_lens: list[int] = max_lens.tolist()
+        self.columns = {int(t): i for i, t in enumerate(listed[0].tolist())} if listed else None
+        banned = [self.column(t) for t in (model.pad_id, start_id) if self.columns is None or t in self.columns]
+        self.banned = host.to_device(banned, torch.long, src.device)
         self.prefixes = [list(p) for p in prefixes] if prefixes is not None and any(prefixes) else None
         self.state = model.start_state(*model.encode(src))
 
+    def column(self, token: int) -> int:
+        """Where ``token`` lies in a step's scores."""
+        return token if self.columns is None else self.columns[token]
+
+    def ids(self, columns: Tensor) -> Tensor:
+        """The token ids of columns of a step's scores."""
+        return columns if self.vocab is None else self.vocab[columns]
+
     def lprobs(self, tokens: Tensor, step: int, sentences: list[int], width: int) -> Tensor:
-        """Log-probabilities [rows, V] of each live row's next token after ``tokens``; ``width`` consecutive rows per
-        sentence. <PAD> and <START> are -inf; a sentence at its length limit may only end; one inside its prefix may
-        only continue it."""
+        """Log-probabilities [rows, V] of each live row's next token after ``tokens`` (V: the model's vocabulary, or
+        its ``vocab`` alone); ``width`` consecutive rows per sentence. <PAD> and <START> are -inf; a sentence at its
+        length limit may only end; one inside its prefix may only continue it."""
         lprobs = F.log_softmax(self.model.decode_step(tokens, self.state).float(), dim=-1)
         lprobs.index_fill_(1, self.banned, float("-inf"))
         if self.prefixes is None:
@@ -190,7 +205,7 @@ class _Scorer:
         else:
             forced = [self.end_id if step >= self.max_lens[s] else self._prefix(s, step) for s in sentences]
         if any(f is not None for f in forced):
-            rows = [(i, f) for i, f in enumerate(forced) if f is not None]
+            rows = [(i, self.column(f)) for i, f in enumerate(forced) if f is not None]
             index = host.to_device([i for i, _ in rows], torch.long, lprobs.device).repeat_interleave(width)
             keep = host.to_device([f for _, f in rows], torch.long, lprobs.device).repeat_interleave(width)
             index = index * width + torch.arange(width, device=lprobs.device).repeat(len(rows))
@@ -252,7 +267,8 @@ def _decode(
             # score the next token, and let the choice name each row's candidates: a sentence's best continuations
             # are among each of its rows' own best
             lprobs = scorer.lprobs(tokens, step, sentences, width)
-            best_lp, best_tok = choice.pick(lprobs, choice.candidates, sentences, width)  # [n * width, m]
+            best_lp, best_col = choice.pick(lprobs, choice.candidates, sentences, width)  # [n * width, m]
+            best_tok = scorer.ids(best_col)
             inf = float("inf")
             best_lp = best_lp.nan_to_num(nan=-inf, posinf=-inf, neginf=-inf)  # a row turned NaN (half overflow)
             one = width * best_lp.size(1) == 1  # one row with one candidate a sentence (greedy, sampling)

@@ -98,8 +98,9 @@ class Shortlist:
 
 
 class Shortlisted(nn.Module):
-    """``model`` (a Transformer or an Ensemble) as a search sees it, its steps scoring the target ids ``vocab`` alone
-    (``Shortlist.tokens`` of the batch); the model itself is not changed."""
+    """``model`` (a Transformer or an Ensemble) as a search sees it, its steps giving the logits of the target ids
+    ``vocab`` alone (``Shortlist.tokens`` of the batch, ascending), which the search maps its picks back through;
+    the model itself is not changed."""
 
     def __init__(self, model: nn.Module, vocab: torch.Tensor) -> None:
         super().__init__()

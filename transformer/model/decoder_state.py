@@ -16,7 +16,7 @@ class DecoderState:
     cross [sentences, N, ...] and cross_mask [sentences, N, ...]: what each layer's encoder-decoder attention reads
     of the source (MultiHeadAttention.memory_state: K, V and the mask), computed once per sentence and shared by its
     rows.
-    vocab: the target ids every step scores with the output layer of those alone (a lexical shortlist's), or None.
+    output: the output layer of the target ids every step scores (a lexical shortlist's), or None: the whole one.
     self_kv [rows, N, 2, h, capacity, d_k]: self-attention keys and values; the first ``length``
     positions are filled, and the capacity doubles when full. All layers in one row-major tensor make
     reordering one contiguous copy per row.
@@ -25,7 +25,7 @@ class DecoderState:
     def __init__(self, cross: Tensor, cross_mask: Tensor, h: int, d_k: int, capacity: int = 32):
         sentences, N = cross.shape[:2]
         self.cross, self.cross_mask = cross, cross_mask
-        self.vocab: tuple[Tensor, nn.Module] | None = None  # the target ids steps score, and their output layer
+        self.output: nn.Module | None = None  # the output layer of the ids steps score, if not the model's own
         self.length = 0
         self._buffers: list[Tensor | None] = [None, None]  # behind self_kv, and select's spare (swapped each step)
         self.self_kv = self._view(0, (sentences, N, 2, h, capacity, d_k), cross)

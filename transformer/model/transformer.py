@@ -328,12 +328,13 @@ class Transformer(nn.Module):
         h, d_k = layers[0].self_attn.h, layers[0].self_attn.d_k
         state = DecoderState(torch.stack([kv for kv, _ in cross], 1), torch.stack([m for _, m in cross], 1), h, d_k)
         if vocab is not None:
-            state.vocab = (vocab, output_rows(self.generator, vocab, memory.size(0)))
+            state.output = output_rows(self.generator, vocab, memory.size(0))
         return state
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
         """The next position's logits [R, V] given its input tokens [R]; appends to the state's cache. A state with a
-        vocabulary of its own gives -inf to every other token."""
+        vocabulary of its own (a shortlist's ids, ascending) gives the logits of those alone, [R, len(ids)]: the
+        search picks among them and maps its picks back to ids, with no pass over the whole vocabulary."""
         t = state.length
         state.reserve(t + 1)
         y = self.embed(tokens[:, None], self.tgt_embed, t)[:, 0]
@@ -341,11 +342,7 @@ class Transformer(nn.Module):
             y = layer.step(y, state.self_kv[:, i], t, state.cross[:, i], state.cross_mask[:, i])
         state.length = t + 1
         y = self.decoder.norm(y)
-        if state.vocab is None:
-            return self.generator(y)
-        ids, output = state.vocab
-        part = output(y)
-        return part.new_full((part.size(0), self.generator.out_features), float("-inf")).index_copy_(1, ids, part)
+        return self.generator(y) if state.output is None else state.output(y)
 
     def attention_weights(self, src: Tensor, tgt_in: Tensor) -> dict[str, list[Tensor]]:
         """Attention probabilities for heatmaps: 'encoder', 'decoder', 'cross' -> per layer [B, h, T_q, T_k]."""
