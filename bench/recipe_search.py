@@ -96,7 +96,7 @@ def _scores(folder: Path) -> dict[float, dict]:
     return {r["alpha"]: {k: r[k] for k in keys} for r in reports}
 
 
-def _evaluate(
+def evaluate(
     runs: Path,
     checkpoints: dict[str, Path | list[Path]],
     split: str,
@@ -122,13 +122,13 @@ def _evaluate(
     return {name: _scores(runs / "eval" / f"{name}.{split}") for name in checkpoints}
 
 
-def _choose(scored: dict[str, dict[float, dict]]) -> tuple[str, float, float] | None:
+def choose(scored: dict[str, dict[float, dict]]) -> tuple[str, float, float] | None:
     """(checkpoint, alpha, BLEU) with the highest BLEU; the first in order among equals (as max keeps it)."""
     found = [(ck, alpha, s["bleu"]) for ck, by_alpha in scored.items() for alpha, s in by_alpha.items()]
     return max(found, key=lambda f: f[2], default=None)
 
 
-def _write_chosen(source: Path, alpha: float, out: Path, why: dict) -> Path:
+def write_chosen(source: Path, alpha: float, out: Path, why: dict) -> Path:
     """``source`` again as ``out`` with ``alpha`` as its decode.alpha, so that tfm translate and eval use it."""
     loaded = checkpoint.load(source)
     cfg = dataclasses.replace(loaded.cfg, decode=dataclasses.replace(loaded.cfg.decode, alpha=alpha))
@@ -189,9 +189,7 @@ def search(
     averaged = average(runs, trained, averages, threads)
     checkpoints = {(n, "best"): runs / n / "best" for n in trained}
     checkpoints |= {(n, f"avg{k}"): runs / f"{n}.avg{k}" for (n, k), code in averaged.items() if code == 0}
-    val = _evaluate(
-        runs, {f"{n}.{ck}": p for (n, ck), p in checkpoints.items()}, "valid", data, device, threads, alphas
-    )
+    val = evaluate(runs, {f"{n}.{ck}": p for (n, ck), p in checkpoints.items()}, "valid", data, device, threads, alphas)
     result = {
         "config": config,
         "device": device,
@@ -210,27 +208,27 @@ def search(
             entry |= run_summary(runs / name, reach)
             scored = {ck: val[f"{n}.{ck}"] for (n, ck) in checkpoints if n == name}
             entry["val"] = {ck: {str(alpha): s for alpha, s in by_alpha.items()} for ck, by_alpha in scored.items()}
-            if chosen := _choose(scored):
+            if chosen := choose(scored):
                 choices[name] = chosen
                 entry["chosen_on_val"] = dict(zip(("checkpoint", "alpha", "bleu"), chosen))
         result["runs"][name] = entry
     members = [checkpoints[(n, choices[n][0])] for n in ensemble or [] if n in choices]
     if ensemble and len(members) == len(ensemble):
-        scored = _evaluate(runs, {ENSEMBLE: members}, "valid", data, device, threads, alphas)[ENSEMBLE]
+        scored = evaluate(runs, {ENSEMBLE: members}, "valid", data, device, threads, alphas)[ENSEMBLE]
         result[ENSEMBLE] = {"members": [str(m) for m in members], "val": {str(a): s for a, s in scored.items()}}
-        if together := _choose({ENSEMBLE: scored}):
+        if together := choose({ENSEMBLE: scored}):
             result[ENSEMBLE]["chosen_on_val"] = {"alpha": together[1], "bleu": together[2]}
     if choices:
         name = max(choices, key=lambda n: choices[n][2])
         ck, alpha, bleu = choices[name]
         why = {"run": name, "checkpoint": ck, "alpha": alpha, "bleu": bleu}
-        path = _write_chosen(checkpoints[(name, ck)], alpha, runs / f"{name}.{CHOSEN}", why)
+        path = write_chosen(checkpoints[(name, ck)], alpha, runs / f"{name}.{CHOSEN}", why)
         result["best_run_on_val"] = {**why, "path": str(path)}
         result["chosen_on_val"] = _direction_choice(result["best_run_on_val"], result.get(ENSEMBLE))
         if test:
             chosen = result["chosen_on_val"]
             given, at = (members, [chosen["alpha"]]) if chosen["run"] == ENSEMBLE else (path, [])
-            scored = _evaluate(runs, {f"{chosen['run']}.{CHOSEN}": given}, "test", data, device, threads, at)
+            scored = evaluate(runs, {f"{chosen['run']}.{CHOSEN}": given}, "test", data, device, threads, at)
             chosen["test"] = next(iter(scored[f"{chosen['run']}.{CHOSEN}"].values()), None)
     return result
 
