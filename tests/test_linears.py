@@ -74,5 +74,6 @@ def test_output_rows_give_the_whole_layers_numbers_for_those_rows(engine):
     for sentences in (1, PACK_SENTENCES):  # a few sentences pick the whole layer's outputs, more pack their rows
         part = output_rows(q, ids, sentences)
         assert isinstance(part, Int8Linear) == (sentences >= PACK_SENTENCES)
-        for rows in (x[:1], x):
-            assert torch.equal(part(rows), q(rows)[:, ids])
+        for rows in (x[:1], x):  # packed at one scale, the rows' scales after: the same but for that rounding
+            torch.testing.assert_close(part(rows), q(rows)[:, ids], rtol=1e-6, atol=1e-6)
+            assert torch.equal(part(rows[:1]), part(rows)[:1])

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 # as FBGEMM quantizes activations where AVX2 sums pairs of products in int16, so no sum saturates on any x86 CPU.
 _STEPS, _ZERO = 63, 64
 _FUSED = "linear_with_input_q_dq_qweight_dq_output_fp32"  # quantize x, multiply in int8, give fp32: one operator
-PACK_SENTENCES = 8  # a shortlist's int8 output layer is packed for batches of this many sentences or more
+PACK_SENTENCES = 2  # a shortlist's int8 output layer is packed for batches of this many sentences or more
 
 
 def fbgemm() -> bool:
@@ -51,17 +51,21 @@ class Int8Linear(nn.Module):
         q = torch.round(w / scale[:, None]).to(torch.int8)
         self._hold(q, scale, torch.zeros(w.size(0)) if bias is None else bias.detach().float().clone())
 
-    def _hold(self, q: Tensor, scale: Tensor, bias: Tensor) -> None:
-        """Keep int8 weights q [out, in] (packed for FBGEMM where it runs), their rows' scales and the bias."""
+    def _hold(self, q: Tensor, scale: Tensor, bias: Tensor, scaled_after: bool = False) -> None:
+        """Keep int8 weights q [out, in] (packed for FBGEMM where it runs), their rows' scales and the bias; with
+        ``scaled_after``, FBGEMM's weights are packed at one scale and the rows' scales multiply the outputs."""
         self.out_features, self.in_features = q.shape
         self.register_buffer("weight_scale", scale)
         self.register_buffer("bias", bias)
-        self._packed, self._unpacked = None, None
+        self._packed, self._unpacked, self._scale_after = None, None, scale if scaled_after else None
         if fbgemm():
-            zero = torch.zeros(len(scale), dtype=torch.long)
             with warnings.catch_warnings():  # quantized tensors are how FBGEMM's operators take their weights
                 warnings.simplefilter("ignore", UserWarning)
-                w = torch._make_per_channel_quantized_tensor(q, scale.double(), zero, 0)
+                if scaled_after:
+                    w = torch._make_per_tensor_quantized_tensor(q, 1.0, 0)
+                else:
+                    zero = torch.zeros(len(scale), dtype=torch.long)
+                    w = torch._make_per_channel_quantized_tensor(q, scale.double(), zero, 0)
                 self._packed = torch.ops.quantized.linear_prepack(w, None)
         else:
             self.register_buffer("weight_t", q.t().contiguous())
@@ -77,10 +81,14 @@ class Int8Linear(nn.Module):
         return self._unpacked
 
     def rows(self, ids: Tensor) -> Int8Linear:
-        """The layer of outputs ``ids`` alone: the same int8 rows and scales, so the same numbers for them."""
+        """The layer of outputs ``ids`` alone (a lexical shortlist's, made anew for each batch), from the same int8
+        rows and scales. FBGEMM packs them at one scale, their own scales multiplying the outputs after, since a scale
+        per row packs several times slower: the whole layer's numbers for those rows but for the rounding of that
+        product."""
         part = Int8Linear.__new__(Int8Linear)
         nn.Module.__init__(part)
-        part._hold(self.weight_int8()[ids].contiguous(), self.weight_scale[ids], self.bias[ids])
+        picked = (t.index_select(0, ids) for t in (self.weight_int8(), self.weight_scale, self.bias))
+        part._hold(*picked, scaled_after=True)
         return part
 
     def forward(self, x: Tensor) -> Tensor:
@@ -94,6 +102,8 @@ class Int8Linear(nn.Module):
             # through a C++ exception, which costs more than a small layer's product; no tensor here overrides it.
             with torch._C.DisableTorchFunctionSubclass():
                 out = getattr(torch.ops.quantized, _FUSED)(unit, 1 / _STEPS, _ZERO, self._packed)
+            if self._scale_after is not None:
+                out = out.mul_(self._scale_after)
             out = torch.addcmul(self.bias, out, peak)
         else:
             q = torch.round(unit * _STEPS).to(torch.int8)
@@ -129,15 +139,15 @@ class PickedOutputs(nn.Module):
 def output_rows(linear: nn.Module, ids: Tensor, sentences: int = PACK_SENTENCES) -> nn.Module:
     """The layer computing outputs ``ids`` of ``linear`` (an nn.Linear in any dtype, or an Int8Linear) alone, from
     the same weights: a lexical shortlist's output layer (decoding.shortlist), for a batch of ``sentences``. An int8
-    layer of those rows is packed anew for each batch, which costs more than the steps of fewer than PACK_SENTENCES
-    sentences save; those take the whole layer's outputs and pick the rows (the same numbers)."""
+    layer of those rows is packed anew for each batch, which costs more than the steps of a single sentence save
+    (fewer than PACK_SENTENCES); it takes the whole layer's outputs and picks the rows (the same numbers)."""
     if isinstance(linear, Int8Linear):
         return linear.rows(ids) if sentences >= PACK_SENTENCES else PickedOutputs(linear, ids)
     with torch.device("meta"):
         part = nn.Linear(linear.in_features, len(ids), bias=linear.bias is not None)
-    part.weight = nn.Parameter(linear.weight.detach()[ids], requires_grad=False)
+    part.weight = nn.Parameter(linear.weight.detach().index_select(0, ids), requires_grad=False)
     if linear.bias is not None:
-        part.bias = nn.Parameter(linear.bias.detach()[ids], requires_grad=False)
+        part.bias = nn.Parameter(linear.bias.detach().index_select(0, ids), requires_grad=False)
     return part
 
 
