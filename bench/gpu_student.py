@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import subprocess
 import sys
 import tarfile
 from datetime import date
@@ -63,6 +64,7 @@ QUICK_ALPHAS = (1.0, 3.0)
 
 
 def _sets(pairs: list[str]) -> list[str]:
+    """``--set`` before each override."""
     return [a for s in pairs for a in ("--set", s)]
 
 
@@ -73,14 +75,18 @@ def _common(name: str, runs: Path, minutes: float, args: argparse.Namespace) -> 
     )
 
 
-def _train_teacher(name: str, sets: str, runs: Path, args: argparse.Namespace) -> object:
+def _train_teacher(name: str, sets: str, runs: Path, args: argparse.Namespace) -> subprocess.Popen:
+    """``tfm train`` of a teacher (TEACHER with ``sets``) for ``--minutes``, in a process of its own."""
     command = ["train", "--config", TEACHER, "--data-dir", args.data, "--quiet", "--overwrite"]
     overrides = _common(name, runs, args.minutes, args) + [sets]
     return tfm_process(command + _sets(overrides), runs / f"{name}.train.txt", args.threads)
 
 
-def _distill(name: str, stage: str, sets: list[str], teachers: list[Path], runs: Path, args: argparse.Namespace):
-    """``tfm distill --stage <stage>`` of a student ``name`` from ``teachers``."""
+def _distill(
+    name: str, stage: str, sets: list[str], teachers: list[Path], runs: Path, args: argparse.Namespace
+) -> subprocess.Popen:
+    """``tfm distill --stage <stage>`` of a student ``name`` (STUDENT with ``sets``) from ``teachers``, the real
+    pairs beside their translations, in a process of its own."""
     command = ["distill", "--config", STUDENT, "--data-dir", args.data, "--stage", stage, "--device", args.device]
     command += [*(a for t in teachers for a in ("--teacher", str(t))), "--quiet"]
     overrides = _common(name, runs, args.student_minutes, args) + ["distill.with_real=true", *sets]
@@ -94,6 +100,7 @@ def _candidates(names: list[str], runs: Path) -> dict[str, Path]:
 
 
 def _avg(runs: Path, name: str) -> Path:
+    """Where the mean of a run's last AVERAGE checkpoints goes (bench.recipe_search.average)."""
     return runs / f"{name}.avg{AVERAGE}"
 
 
@@ -205,12 +212,12 @@ def main(argv: list[str] | None = None) -> dict:
     result["ensemble"] = {"members": [str(m) for m in members], **chosen["ensemble"]}
     save()
     alpha = chosen["ensemble"]["chosen_on_val"]["alpha"]
+    corpus = _corpus(CORPUS, runs)
     translated = _distill(CORPUS, "translate", [f"distill.alpha={alpha}"], members, runs, args).wait()
-    result["corpus"] = {"alpha": alpha, "exit_code": translated, "folder": str(runs / f"{CORPUS}-distilled")}
+    result["corpus"] = {"alpha": alpha, "exit_code": translated, "folder": str(corpus)}
     save()
     if translated != 0:
         sys.exit(f"the teachers' translation failed; its console: {runs / f'{CORPUS}.translate.txt'}")
-    corpus = _corpus(CORPUS, runs)
     for n in students:  # each student's corpus folder a copy: nothing is translated twice
         shutil.copytree(corpus, _corpus(n, runs), dirs_exist_ok=True)
     common = [f"distill.alpha={alpha}"]
@@ -244,9 +251,11 @@ def _ship(result: dict, runs: Path, out: Path, teacher: str, students: list[str]
         folder = write_chosen(_candidates([name], runs)[chosen["checkpoint"]], chosen["alpha"], ready / name, chosen)
         files = [folder]
         if name != teacher:
-            files.append(ready / f"{name}.{SHORTLIST}")
+            listed = ready / f"{name}.{SHORTLIST}"
             command = ["shortlist", "--checkpoint", str(folder), "--data-dir", str(_corpus(name, runs))]
-            tfm_process([*command, "--output", str(files[-1])], runs / f"{name}.shortlist.txt", args.threads).wait()
+            command += ["--output", str(listed)]
+            if tfm_process(command, runs / f"{name}.shortlist.txt", args.threads).wait() == 0:
+                files.append(listed)
         size = sum(_size(f) for f in files)
         if total + size <= PACKED:
             models += files
