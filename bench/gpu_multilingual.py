@@ -23,7 +23,6 @@ import json
 import statistics
 import subprocess
 import sys
-import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from datetime import date
 from pathlib import Path
@@ -31,7 +30,7 @@ from pathlib import Path
 import torch
 
 from bench.common import DEFAULT_DATA, ROOT, machine
-from bench.recipe_search import average, run_summary, tfm_process, wait_all
+from bench.recipe_search import average, pack_logs, run_summary, tfm_process, wait_all
 from transformer import checkpoint
 
 CONFIG = "multi30k-multilingual"
@@ -170,14 +169,6 @@ def _directions(sets: list[str]) -> list[str]:
     return listed.split("=", 1)[1].strip("[]").split(",")
 
 
-def _pack(runs: Path, out: Path) -> None:
-    """The runs' logs and console output and the score reports (no weights, no hypotheses) as one archive."""
-    files = [*runs.glob("*.txt"), *runs.glob("*/log.jsonl"), *runs.glob("eval/*/*.json")]
-    with tarfile.open(out / "runs.tgz", "w:gz") as tar:
-        for path in sorted(files):
-            tar.add(path, arcname=str(path.relative_to(runs)))
-
-
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", default=DEFAULT_DATA, help="the Multi30k folder (--data-dir of every run)")
@@ -208,7 +199,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     def save() -> None:
         (args.out / "gpu-multilingual.json").write_text(json.dumps(result, indent=1) + "\n")
-        _pack(args.runs, args.out)
+        pack_logs(args.runs, args.out)
 
     codes = wait_all({n: _train(n, s, args.minutes, args.runs, args) for n, s in parents.items()})
     for n, sets in parents.items():

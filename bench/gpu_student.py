@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from bench.common import DEFAULT_DATA, ROOT, machine
-from bench.recipe_search import average, choose, evaluate, run_summary, tfm_process, wait_all, write_chosen
+from bench.recipe_search import average, choose, evaluate, pack_logs, run_summary, tfm_process, wait_all, write_chosen
 from transformer import checkpoint
 from transformer.config_file import load
 from transformer.training import distill
@@ -158,14 +158,6 @@ def _size(path: Path) -> int:
     return path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def _logs(runs: Path, out: Path) -> None:
-    """The runs' logs and console output and the score reports (no weights, no hypotheses) as one archive."""
-    files = [*runs.glob("*.txt"), *runs.glob("*/log.jsonl"), *runs.glob("eval/*/*.json")]
-    with tarfile.open(out / "runs.tgz", "w:gz") as tar:
-        for path in sorted(files):
-            tar.add(path, arcname=str(path.relative_to(runs)))
-
-
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", default=DEFAULT_DATA, help="the Multi30k folder (--data-dir of every run)")
@@ -194,7 +186,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     def save() -> None:
         (out / "gpu-student.json").write_text(json.dumps(result, indent=1) + "\n")
-        _logs(runs, out)
+        pack_logs(runs, out)
 
     codes = wait_all({n: _train_teacher(n, s, runs, args) for n, s in teachers.items()})
     for n, sets in teachers.items():

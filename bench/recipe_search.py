@@ -24,6 +24,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from datetime import date
 from pathlib import Path
 
@@ -62,6 +63,14 @@ def average(runs: Path, names: list[str], averages: list[int], threads: int) -> 
             for k in averages
         }
     )
+
+
+def pack_logs(runs: Path, out: Path) -> None:
+    """The runs' logs and console output and the score reports (no weights, no hypotheses) as ``out/runs.tgz``."""
+    files = [*runs.glob("*.txt"), *runs.glob("*/log.jsonl"), *runs.glob("eval/*/*.json")]
+    with tarfile.open(out / "runs.tgz", "w:gz") as tar:
+        for path in sorted(files):
+            tar.add(path, arcname=str(path.relative_to(runs)))
 
 
 def run_summary(run: Path, reach: float | None) -> dict:
