@@ -71,7 +71,7 @@ def test_output_rows_give_the_whole_layers_numbers_for_those_rows(engine):
     x = torch.randn(3, 64)
     torch.testing.assert_close(output_rows(linear, ids)(x), linear(x)[:, ids], rtol=0, atol=1e-6)
     q = Int8Linear(linear.weight, linear.bias)
-    for sentences in (1, PACK_SENTENCES):  # a few sentences pick the whole layer's outputs, more pack their rows
+    for sentences in (1, PACK_SENTENCES):  # one sentence picks the whole layer's outputs, more pack their rows
         part = output_rows(q, ids, sentences)
         assert isinstance(part, Int8Linear) == (sentences >= PACK_SENTENCES)
         for rows in (x[:1], x):  # packed at one scale, the rows' scales after: the same but for that rounding
