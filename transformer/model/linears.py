@@ -57,7 +57,7 @@ class Int8Linear(nn.Module):
         self.out_features, self.in_features = q.shape
         self.register_buffer("weight_scale", scale)
         self.register_buffer("bias", bias)
-        self._packed, self._unpacked, self._scale_after = None, None, scale if scaled_after else None
+        self._packed, self._unpacked, self._scaled_after = None, None, scaled_after
         if fbgemm():
             with warnings.catch_warnings():  # quantized tensors are how FBGEMM's operators take their weights
                 warnings.simplefilter("ignore", UserWarning)
@@ -102,8 +102,8 @@ class Int8Linear(nn.Module):
             # through a C++ exception, which costs more than a small layer's product; no tensor here overrides it.
             with torch._C.DisableTorchFunctionSubclass():
                 out = getattr(torch.ops.quantized, _FUSED)(unit, 1 / _STEPS, _ZERO, self._packed)
-            if self._scale_after is not None:
-                out = out.mul_(self._scale_after)
+            if self._scaled_after:
+                out = out.mul_(self.weight_scale)
             out = torch.addcmul(self.bias, out, peak)
         else:
             q = torch.round(unit * _STEPS).to(torch.int8)
