@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from bench.common import DEFAULT_DATA, ROOT, machine
-from bench.recipe_search import average, pack_logs, run_summary, tfm_process, wait_all
+from bench.recipe_search import average, averaged, pack_logs, run_summary, tfm_process, wait_all
 from transformer import checkpoint
 
 CONFIG = "multi30k-multilingual"
@@ -74,7 +74,7 @@ def _train(name: str, sets: list[str], minutes: float, runs: Path, args: argpars
 
 def _candidates(name: str, runs: Path) -> dict[str, Path]:
     """A run's checkpoints that compete on val: best/ and the mean of its last AVERAGE, where they exist."""
-    found = {"best": runs / name / "best", f"avg{AVERAGE}": runs / f"{name}.avg{AVERAGE}"}
+    found = {"best": runs / name / "best", f"avg{AVERAGE}": averaged(runs, name, AVERAGE)}
     return {ck: path for ck, path in found.items() if (path / checkpoint.META).is_file()}
 
 

@@ -31,7 +31,17 @@ from pathlib import Path
 import torch
 
 from bench.common import DEFAULT_DATA, ROOT, machine
-from bench.recipe_search import average, choose, evaluate, pack_logs, run_summary, tfm_process, wait_all, write_chosen
+from bench.recipe_search import (
+    average,
+    averaged,
+    choose,
+    evaluate,
+    pack_logs,
+    run_summary,
+    tfm_process,
+    wait_all,
+    write_chosen,
+)
 from transformer import checkpoint
 from transformer.config_file import load
 from transformer.training import distill
@@ -95,13 +105,9 @@ def _distill(
 
 def _candidates(names: list[str], runs: Path) -> dict[str, Path]:
     """Each run's checkpoints that compete on val, by ``<run>.<best|avgK>``: those that exist."""
-    found = {f"{n}.{ck}": p for n in names for ck, p in (("best", runs / n / "best"), (f"avg{AVERAGE}", _avg(runs, n)))}
+    found = {f"{n}.best": runs / n / "best" for n in names}
+    found |= {f"{n}.avg{AVERAGE}": averaged(runs, n, AVERAGE) for n in names}
     return {name: path for name, path in found.items() if (path / checkpoint.META).is_file()}
-
-
-def _avg(runs: Path, name: str) -> Path:
-    """Where the mean of a run's last AVERAGE checkpoints goes (bench.recipe_search.average)."""
-    return runs / f"{name}.avg{AVERAGE}"
 
 
 def _chosen(
@@ -196,7 +202,7 @@ def main(argv: list[str] | None = None) -> dict:
     if len(trained) < 2:
         sys.exit(f"fewer than two teachers trained ({', '.join(trained) or 'none'}); their consoles in {runs}")
     average(runs, trained, [AVERAGE], args.threads)
-    members = [_avg(runs, n) for n in trained]
+    members = [averaged(runs, n, AVERAGE) for n in trained]
     candidates: dict[str, Path | list[Path]] = {**_candidates(trained, runs), "ensemble.avg": members}
     chosen = _chosen([*trained, "ensemble"], candidates, runs, args.data, args)
     for n in trained:

@@ -49,13 +49,18 @@ def wait_all(procs: dict) -> dict:
     return {name: p.wait() for name, p in procs.items()}
 
 
+def averaged(runs: Path, name: str, k: int) -> Path:
+    """Where ``average`` writes the mean of run ``name``'s last ``k`` checkpoints: beside the runs, ``<name>.avgK``."""
+    return runs / f"{name}.avg{k}"
+
+
 def average(runs: Path, names: list[str], averages: list[int], threads: int) -> dict[tuple[str, int], int]:
-    """The mean of each named run's last K checkpoints for every K of ``averages``, all at once, beside the runs as
-    ``<name>.avgK``; the exit code of each (name, K)."""
+    """The mean of each named run's last K checkpoints for every K of ``averages``, all at once (``averaged``); the
+    exit code of each (name, K)."""
     return wait_all(
         {
             (n, k): tfm_process(
-                ["average", str(runs / n), "--last", str(k), "--output", str(runs / f"{n}.avg{k}"), "--overwrite"],
+                ["average", str(runs / n), "--last", str(k), "--output", str(averaged(runs, n, k)), "--overwrite"],
                 runs / f"{n}.avg{k}.txt",
                 threads,
             )
@@ -195,9 +200,9 @@ def search(
     }
     exit_codes = wait_all(train)
     trained = [n for n in named if exit_codes[n] == 0]
-    averaged = average(runs, trained, averages, threads)
+    codes = average(runs, trained, averages, threads)
     checkpoints = {(n, "best"): runs / n / "best" for n in trained}
-    checkpoints |= {(n, f"avg{k}"): runs / f"{n}.avg{k}" for (n, k), code in averaged.items() if code == 0}
+    checkpoints |= {(n, f"avg{k}"): averaged(runs, n, k) for (n, k), code in codes.items() if code == 0}
     val = evaluate(runs, {f"{n}.{ck}": p for (n, ck), p in checkpoints.items()}, "valid", data, device, threads, alphas)
     result = {
         "config": config,
