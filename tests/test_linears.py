@@ -6,7 +6,14 @@ import torch
 from torch import nn
 
 from transformer.model import linears
-from transformer.model.linears import PACK_SENTENCES, Int8Linear, LinearParts, output_rows, swap_linears
+from transformer.model.linears import (
+    PACK_SENTENCES,
+    Int8Linear,
+    IntegerRows,
+    LinearParts,
+    output_rows,
+    swap_linears,
+)
 from transformer.model.transformer import StackedLinear
 
 
@@ -71,9 +78,24 @@ def test_output_rows_give_the_whole_layers_numbers_for_those_rows(engine):
     x = torch.randn(3, 64)
     torch.testing.assert_close(output_rows(linear, ids)(x), linear(x)[:, ids], rtol=0, atol=1e-6)
     q = Int8Linear(linear.weight, linear.bias)
-    for sentences in (1, PACK_SENTENCES):  # one sentence picks the whole layer's outputs, more pack their rows
-        part = output_rows(q, ids, sentences)
-        assert isinstance(part, Int8Linear) == (sentences >= PACK_SENTENCES)
-        for rows in (x[:1], x):  # packed at one scale, the rows' scales after: the same but for that rounding
-            torch.testing.assert_close(part(rows), q(rows)[:, ids], rtol=1e-6, atol=1e-6)
-            assert torch.equal(part(rows[:1]), part(rows)[:1])
+    packed = output_rows(q, ids, PACK_SENTENCES)
+    assert isinstance(packed, Int8Linear)
+    for rows in (x[:1], x):  # packed at one scale, the rows' scales after: the same but for that rounding
+        torch.testing.assert_close(packed(rows), q(rows)[:, ids], rtol=1e-6, atol=1e-6)
+        assert torch.equal(packed(rows[:1]), packed(rows)[:1])
+    gathered = output_rows(q, ids, 1)  # fewer sentences than pay for packing: the same integers, summed in fp32
+    assert isinstance(gathered, IntegerRows)
+    assert torch.equal(gathered(x), packed(x))
+
+
+def test_integer_rows_are_exact_at_the_largest_sums(engine):
+    """The largest sums IntegerRows can meet, every input at its row's peak and every weight at +-127, stay exact:
+    the packed int8 product's numbers to the bit, and a layer of more inputs is packed instead."""
+    torch.manual_seed(0)
+    n = linears.INTEGER_INPUTS
+    weight = torch.randn(6, n).sign() * torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])[:, None]
+    q, ids = Int8Linear(weight, torch.randn(6)), torch.tensor([1, 2, 5])
+    x = torch.cat([weight[:4].sign() * 7.0, torch.randn(3, n)])  # sums of n * 63 * 127, of both signs
+    assert torch.equal(IntegerRows(q, ids)(x), q.rows(ids)(x))
+    wider = Int8Linear(torch.randn(4, n + 1), None)
+    assert isinstance(output_rows(wider, ids[:2], 1), Int8Linear)

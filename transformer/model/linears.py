@@ -23,6 +23,7 @@ from torch import Tensor, nn
 _STEPS, _ZERO = 63, 64
 _FUSED = "linear_with_input_q_dq_qweight_dq_output_fp32"  # quantize x, multiply in int8, give fp32: one operator
 PACK_SENTENCES = 2  # a shortlist's int8 output layer is packed for batches of this many sentences or more
+INTEGER_INPUTS = 2**24 // (_STEPS * 127)  # most inputs whose int8 sums fp32 holds exactly (IntegerRows)
 
 
 def fbgemm() -> bool:
@@ -125,24 +126,40 @@ class LinearParts(nn.Module):
         return self._forwards[rows.start, rows.stop](x)
 
 
-class PickedOutputs(nn.Module):
-    """Outputs ``ids`` of ``layer``, computed by the whole layer and then picked."""
+class IntegerRows(nn.Module):
+    """Outputs ``ids`` of ``layer`` (an Int8Linear) computed in fp32 on the integers the int8 product multiplies: each
+    input row quantized as Int8Linear quantizes it, times the rows' int8 weights held as floats. Every partial sum is
+    an integer below 2^24 (for up to INTEGER_INPUTS inputs), which fp32 holds exactly in any order of summing, and the
+    sums are scaled back as the packed rows scale them: ``layer.rows(ids)``'s numbers to the bit, from a gather of the
+    rows where packing them would cost more than a few rows' steps save."""
 
-    def __init__(self, layer: nn.Module, ids: Tensor) -> None:
+    def __init__(self, layer: Int8Linear, ids: Tensor) -> None:
         super().__init__()
-        self.layer, self.ids = layer, ids
+        self.in_features = layer.in_features
+        self.weight_t = layer.weight_int8().index_select(0, ids).t().float()
+        self.scale, self.bias = layer.weight_scale.index_select(0, ids), layer.bias.index_select(0, ids)
+        self._fused = layer._packed is not None  # how the layer's own product scales its sums back
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.layer(x).index_select(-1, self.ids)
+        rows = x.reshape(-1, self.in_features)
+        peak = rows.abs().amax(1, keepdim=True).clamp_min_(1e-30)
+        sums = torch.round(rows / peak * _STEPS) @ self.weight_t  # FBGEMM's q minus its zero point; _int_mm's q
+        if self._fused:  # FBGEMM gives the product at one scale, then Int8Linear multiplies by the rows' own
+            out = torch.addcmul(self.bias, sums.mul_(1 / _STEPS).mul_(self.scale), peak)
+        else:
+            out = torch.addcmul(self.bias, sums, peak * (self.scale / _STEPS))
+        return out.view(*x.shape[:-1], -1)
 
 
 def output_rows(linear: nn.Module, ids: Tensor, sentences: int = PACK_SENTENCES) -> nn.Module:
     """The layer computing outputs ``ids`` of ``linear`` (an nn.Linear in any dtype, or an Int8Linear) alone, from
     the same weights: a lexical shortlist's output layer (decoding.shortlist), for a batch of ``sentences``. An int8
-    layer of those rows is packed anew for each batch, which costs more than the steps of a single sentence save
-    (fewer than PACK_SENTENCES); it takes the whole layer's outputs and picks the rows (the same numbers)."""
+    layer's rows are packed anew for each batch, which costs more than the steps of fewer than PACK_SENTENCES
+    sentences save: those get the same numbers from IntegerRows."""
     if isinstance(linear, Int8Linear):
-        return linear.rows(ids) if sentences >= PACK_SENTENCES else PickedOutputs(linear, ids)
+        if sentences < PACK_SENTENCES and linear.in_features <= INTEGER_INPUTS:
+            return IntegerRows(linear, ids)
+        return linear.rows(ids)
     with torch.device("meta"):
         part = nn.Linear(linear.in_features, len(ids), bias=linear.bias is not None)
     part.weight = nn.Parameter(linear.weight.detach().index_select(0, ids), requires_grad=False)
