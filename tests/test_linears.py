@@ -95,7 +95,8 @@ def test_integer_rows_are_exact_at_the_largest_sums(engine):
     n = linears.INTEGER_INPUTS
     weight = torch.randn(6, n).sign() * torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])[:, None]
     q, ids = Int8Linear(weight, torch.randn(6)), torch.tensor([1, 2, 5])
-    x = torch.cat([weight[:4].sign() * 7.0, torch.randn(3, n)])  # sums of n * 63 * 127, of both signs
+    aligned = weight[:4].sign() * 7.0  # each row at its peak everywhere: sums of +-n * 63 * 127 with rows 1 and 2
+    x = torch.cat([aligned, -aligned, torch.randn(3, n)])
     assert torch.equal(IntegerRows(q, ids)(x), q.rows(ids)(x))
     wider = Int8Linear(torch.randn(4, n + 1), None)
     assert isinstance(output_rows(wider, ids[:2], 1), Int8Linear)
