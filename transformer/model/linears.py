@@ -31,6 +31,15 @@ def fbgemm() -> bool:
     return torch.backends.quantized.engine in ("x86", "fbgemm") and hasattr(torch.ops.quantized, _FUSED)
 
 
+def _unit_rows(rows: Tensor) -> tuple[Tensor, Tensor]:
+    """Each row's largest magnitude [R, 1] (a zero row's taken as tiny) and the rows divided by it, in [-1, 1]: how an
+    int8 layer's input rows are brought to the one scale they are quantized at."""
+    # abs().amax, not linalg.vector_norm(inf), which reduces each row without vectorizing: one operator fewer,
+    # but many times slower once a call has more than a few rows (an encoder's, a beam's, a batch's).
+    peak = rows.abs().amax(1, keepdim=True).clamp_min_(1e-30)
+    return peak, rows / peak
+
+
 def swap_linears(module: nn.Module, make: Callable[[nn.Module, nn.Linear], nn.Module]) -> None:
     """Replace every nn.Linear under ``module`` by ``make(its parent, it)``, in place."""
     for parent in list(module.modules()):
@@ -93,11 +102,7 @@ class Int8Linear(nn.Module):
         return part
 
     def forward(self, x: Tensor) -> Tensor:
-        rows = x.reshape(-1, self.in_features)
-        # abs().amax, not linalg.vector_norm(inf), which reduces each row without vectorizing: one operator fewer,
-        # but many times slower once a call has more than a few rows (an encoder's, a beam's, a batch's).
-        peak = rows.abs().amax(1, keepdim=True).clamp_min_(1e-30)  # [R, 1]
-        unit = rows / peak
+        peak, unit = _unit_rows(x.reshape(-1, self.in_features))
         if self._packed is not None:
             # torch.ops looks for __torch_function__ on every argument, and on FBGEMM's packed weights the lookup fails
             # through a C++ exception, which costs more than a small layer's product; no tensor here overrides it.
@@ -139,15 +144,15 @@ class IntegerRows(nn.Module):
         self.weight_t = layer.weight_int8().index_select(0, ids).t().float()
         self.scale, self.bias = layer.weight_scale.index_select(0, ids), layer.bias.index_select(0, ids)
         self._fused = layer._packed is not None  # how the layer's own product scales its sums back
+        self.out_scale = self.scale / _STEPS  # as _int_mm's path holds it
 
     def forward(self, x: Tensor) -> Tensor:
-        rows = x.reshape(-1, self.in_features)
-        peak = rows.abs().amax(1, keepdim=True).clamp_min_(1e-30)
-        sums = torch.round(rows / peak * _STEPS) @ self.weight_t  # FBGEMM's q minus its zero point; _int_mm's q
+        peak, unit = _unit_rows(x.reshape(-1, self.in_features))
+        sums = torch.round(unit * _STEPS) @ self.weight_t  # FBGEMM's q minus its zero point; _int_mm's q
         if self._fused:  # FBGEMM gives the product at one scale, then Int8Linear multiplies by the rows' own
             out = torch.addcmul(self.bias, sums.mul_(1 / _STEPS).mul_(self.scale), peak)
         else:
-            out = torch.addcmul(self.bias, sums, peak * (self.scale / _STEPS))
+            out = torch.addcmul(self.bias, sums, peak * self.out_scale)
         return out.view(*x.shape[:-1], -1)
 
 
